@@ -1,0 +1,73 @@
+"""Set up pmi-jax in ./.venv and run the demo or the tests; needs nothing but Python 3.11.
+
+    python3 dev.py demo    # the whole pipeline on a small offline corpus
+    python3 dev.py test    # the test suite
+
+The virtual environment is rebuilt only when setup.py or constraints.txt change.
+"""
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import venv
+
+ROOT = pathlib.Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+STAMP = VENV / "pmi-jax-install.sha256"
+
+
+def _install_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for name in ("setup.py", "constraints.txt"):
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def run(*argv: str) -> None:
+    print("+", " ".join(argv), flush=True)
+    subprocess.run(argv, check=True, cwd=ROOT)
+
+
+def setup_venv() -> None:
+    fingerprint = _install_fingerprint()
+    if STAMP.exists() and STAMP.read_text() == fingerprint:
+        return
+    if not BIN.joinpath("python").exists():
+        print(f"creating {VENV}", flush=True)
+        venv.create(VENV, with_pip=True)
+    pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    run(*pip, "-c", "constraints.txt", "-e", ".[dev,bench]")
+    STAMP.write_text(fingerprint)
+
+
+def demo() -> None:
+    """The README's main command: each step is a plain `pmi-jax` call a user could type."""
+    cli = str(BIN / "pmi-jax")
+    out = ROOT / "demo"
+    run(cli, "demo-corpus", "--output", str(out / "text"), "--overwrite")
+    run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab"),
+        "--size", "20000", "--min-count", "5", "--overwrite")
+    run(cli, "vocab", "show", str(out / "vocab"), "--top", "8")
+
+
+def test(pytest_args: list[str]) -> None:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    cmd = [str(BIN / "python"), "-m", "pytest", *(pytest_args or ["tests"])]
+    print("+", " ".join(cmd), flush=True)
+    sys.exit(subprocess.run(cmd, cwd=ROOT, env=env).returncode)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("setup", "demo", "test"):
+        sys.exit(__doc__)
+    setup_venv()
+    if sys.argv[1] == "demo":
+        demo()
+    elif sys.argv[1] == "test":
+        test(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""`pmi-jax demo-corpus`: write the offline demo corpus (Python's own documentation)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo-corpus",
+        help="write a small real-English corpus from the Python standard library's documentation",
+        description="Write the demo corpus: the docstrings and pydoc topics of this Python's standard "
+        "library, one document per docstring, in BERT pretraining text format (blank-line separated). "
+        "It needs no download, so the README's demo runs offline.",
+    )
+    p.add_argument("--output", required=True, help="directory to create (local or gs://)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pmi_jax import storage
+    from pmi_jax.errors import UserInputError
+    from preprocess.demo_corpus import iter_demo_documents
+
+    if storage.gfile.exists(args.output) and not args.overwrite:
+        raise UserInputError(f"--output {args.output}: already exists (pass --overwrite to replace it)")
+    count = 0
+    with storage.atomic_directory(args.output, overwrite=True) as tmp:
+        with storage.gfile.GFile(storage.join(tmp, "stdlib_docs.txt"), "w") as f:
+            for doc in iter_demo_documents():
+                f.write(doc + "\n\n")
+                count += 1
+    print(f"wrote {count} documents to {args.output}/stdlib_docs.txt")
+    return 0

