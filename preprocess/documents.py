@@ -8,6 +8,7 @@ Bytes that are not valid UTF-8 are replaced with U+FFFD rather than failing the 
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -56,11 +57,31 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
-def _open_text(path: str) -> io.TextIOBase:
-    raw = gfile.GFile(path, "rb")
-    if path.endswith(".gz"):
-        raw = gzip.GzipFile(fileobj=raw)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+class _GFileReader(io.RawIOBase):
+    """tf.io.gfile.GFile as a standard raw stream, so io/gzip can layer on top of any URL."""
+
+    def __init__(self, path: str):
+        self._file = gfile.GFile(path, "rb")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._file.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+@contextlib.contextmanager
+def _open_text(path: str) -> Iterator[io.TextIOBase]:
+    with io.BufferedReader(_GFileReader(path), buffer_size=1 << 20) as binary:
+        stream = gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
+        with io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=None) as text:
+            yield text
 
 
 def read_documents(path: str) -> Iterator[str]:
