@@ -1,0 +1,136 @@
+"""`pmi-jax vocab build|show|check`: make, inspect and validate masking vocabularies (DESIGN §3)."""
+from __future__ import annotations
+
+import argparse
+
+_MEASURES = ("pmi", "pmi-p2", "naive-pmi", "frequency")  # preprocess.measures.MEASURES, without importing numpy
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "vocab", help="build, show or check a masking vocabulary (the n-grams masked as one unit)",
+        description="Masking vocabularies: the word n-grams (n = 2..5) that PMI-Masking masks as one unit.")
+    commands = p.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
+    _add_build(commands)
+    _add_show(commands)
+    _add_check(commands)
+
+
+def _add_build(commands) -> None:
+    p = commands.add_parser(
+        "build", help="count the n-grams of a corpus and write its masking vocabulary",
+        description="Count every word n-gram (n = 1..max-n) of the input documents exactly, score the n-grams "
+        "that occur at least --min-count times, and write the best --size of them, split between lengths by "
+        "--shares, to DIR: masking_vocab.txt (one n-gram per line), masking_vocab.tsv (with counts and scores) "
+        "and stats.json. Words are BERT's uncased basic-tokenizer words. The output is the same whatever "
+        "--workers and --memory-mb are.")
+    p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
+                   help="text files (blank lines between documents; .jsonl with a 'text' field; optionally .gz): "
+                   "paths, globs or directories, local or gs://")
+    p.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
+    p.add_argument("--measure", choices=_MEASURES, default="pmi",
+                   help="pmi: the paper's PMI_n, log p(w) minus the best segmentation into shorter spans (default); "
+                   "pmi-p2: 2·log p(w) minus that, as in AI21's published lists; naive-pmi: log p(w) minus the "
+                   "word log-probabilities; frequency: the count")
+    p.add_argument("--size", type=int, default=800_000, help="number of n-grams to select (default 800000)")
+    p.add_argument("--min-count", type=int, default=11,
+                   help="candidates occur at least this many times (default 11, the paper's 'more than 10')")
+    p.add_argument("--max-n", type=int, default=5, help="longest n-gram, 2 to 5 (default 5)")
+    p.add_argument("--shares", type=_floats, default=None, metavar="S2,S3,...",
+                   help="comma-separated fraction of --size for each length 2..max-n, summing to 1 "
+                   "(default 0.5,0.25,0.125,0.125 for max-n 5: each length half of the rest, the longest "
+                   "the remainder); a length with too few candidates keeps them all and leaves its quota unused")
+    p.add_argument("--workers", type=int, default=0, help="threads for reading and counting (default: every core)")
+    p.add_argument("--memory-mb", type=int, default=2048,
+                   help="n-gram counts held in memory before they spill to disk partitions (default 2048)")
+    p.add_argument("--tmp-dir", default=None,
+                   help="local directory for the word-id stream and spilled counts (default: $TMPDIR); "
+                   "needs about 16 bytes per corpus word, plus the counts that spill")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.set_defaults(func=run_build)
+
+
+def _add_show(commands) -> None:
+    p = commands.add_parser("show", help="print the top entries of each length of a vocabulary",
+                            description="Print the first --top n-grams of each length of a vocabulary directory "
+                            "made by 'vocab build', with count and score.")
+    p.add_argument("directory", metavar="DIR", help="vocabulary directory (local or gs://)")
+    p.add_argument("--top", type=int, default=10, help="entries per length (default 10)")
+    p.set_defaults(func=run_show)
+
+
+def _add_check(commands) -> None:
+    p = commands.add_parser("check", help="validate a masking vocabulary list and report its size per length",
+                            description="Validate a masking vocabulary given as a file with one n-gram per line "
+                            "(words separated by spaces; e.g. a published list) or as a vocabulary directory: every "
+                            "entry must be 2 to 5 words in this project's word normalisation (uncased BERT basic "
+                            "tokenizer). Exit status 1 if any entry is not.")
+    p.add_argument("path", metavar="FILE", help="list file or vocabulary directory (local or gs://)")
+    p.set_defaults(func=run_check)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from preprocess.build_vocab import VocabOptions, build_vocabulary
+
+    options = VocabOptions(measure=args.measure, size=args.size, min_count=args.min_count, max_n=args.max_n,
+                           shares=args.shares, workers=args.workers, memory_mb=args.memory_mb, tmp_dir=args.tmp_dir)
+    stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite, progress=not args.no_progress)
+    per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
+    print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
+          f"{stats['documents']} documents, coverage {stats['coverage']:.1%}, {stats['elapsed_seconds']:.1f} s")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from pmi_jax.errors import UserInputError
+    from pmi_jax.storage import gfile, join
+    from preprocess.masking_vocab import STATS_JSON, TSV_HEADER, VOCAB_TSV
+
+    if args.top < 1:
+        raise UserInputError(f"--top {args.top}: must be at least 1")
+    path = join(args.directory, VOCAB_TSV)
+    if not gfile.exists(path):
+        raise UserInputError(f"{args.directory}: not a vocabulary directory (no {VOCAB_TSV})")
+    with gfile.GFile(path) as f:
+        lines = f.read().split("\n")
+    if lines[0] != TSV_HEADER:
+        raise UserInputError(f"{path}: first line is not the header {TSV_HEADER!r}")
+    by_length: dict[int, list[list[str]]] = {}
+    for line in filter(None, lines[1:]):
+        ngram, n, count, score = line.split("\t")
+        by_length.setdefault(int(n), []).append([ngram, count, score])
+    measure = "score"
+    if gfile.exists(join(args.directory, STATS_JSON)):
+        import json
+
+        with gfile.GFile(join(args.directory, STATS_JSON)) as f:
+            measure = json.load(f).get("measure", measure)
+    for n, rows in sorted(by_length.items()):
+        print(f"{n}-grams: {len(rows)}")
+        width = max(len(r[0]) for r in rows[:args.top])
+        for ngram, count, score in rows[:args.top]:
+            print(f"  {ngram:<{width}}  {measure} {float(score):9.3f}  count {count}")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    import collections
+
+    from preprocess.masking_vocab import check_ngrams, load_ngrams
+
+    ngrams = load_ngrams(args.path)
+    lengths = collections.Counter(len(ngram) for ngram in ngrams)
+    print(f"{args.path}: {len(ngrams)} n-grams (" + ", ".join(f"{n}-grams {lengths[n]}" for n in sorted(lengths)) + ")")
+    problems = check_ngrams(ngrams)
+    for problem in problems:
+        print(f"problem: {problem}")
+    print("ok" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0

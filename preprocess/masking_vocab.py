@@ -1,0 +1,118 @@
+"""The masking vocabulary (DESIGN §3): per-length rankings merged by shares; its files; published lists.
+
+A vocabulary directory holds
+  masking_vocab.txt   one n-gram per line, words joined by single spaces, ordered by n, then rank
+  masking_vocab.tsv   header `ngram	n	count	score`, the same rows in the same order
+  stats.json          corpus sizes, counts per length, the selection, coverage, options
+`load_ngrams` reads such a directory or any file with one n-gram per line (e.g. AI21's published
+lists); `check_ngrams` says whether a list is in this project's word normalisation.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pmi_jax.errors import UserInputError
+
+VOCAB_TXT = "masking_vocab.txt"
+VOCAB_TSV = "masking_vocab.tsv"
+STATS_JSON = "stats.json"
+TSV_HEADER = "ngram\tn\tcount\tscore"
+MIN_N, MAX_N = 2, 5
+
+
+def default_shares(max_n: int) -> tuple[float, ...]:
+    """The paper's split for n = 2..5 (1/2, 1/4, 1/8, 1/8): each length takes half of what is
+    left, the longest takes the rest. For max_n = 3 that is (1/2, 1/2)."""
+    shares, left = [], 1.0
+    for _ in range(2, max_n):
+        shares.append(left / 2)
+        left /= 2
+    return tuple(shares + [left])
+
+
+def quotas(size: int, shares: Sequence[float]) -> dict[int, int]:
+    """quota_n = floor(size · share_n) for n = 2, 3, ...; the remainder of `size` goes to n = 2."""
+    quota = {n: math.floor(size * share + 1e-9) for n, share in enumerate(shares, start=MIN_N)}
+    quota[MIN_N] += size - sum(quota.values())
+    return quota
+
+
+def rank(score_C: np.ndarray, count_C: np.ndarray, word_order_CxN: np.ndarray) -> np.ndarray:
+    """Candidate indices best first: higher score, then higher count, then the n-gram string.
+
+    `word_order_CxN` holds each word's rank in string order. Words never contain a space and
+    every character sorts above it, so comparing word ranks left to right is comparing the
+    space-joined strings.
+    """
+    columns = [word_order_CxN[:, j] for j in range(word_order_CxN.shape[1] - 1, -1, -1)]
+    return np.lexsort(columns + [-count_C, -score_C])
+
+
+def format_rows(texts: Iterable[str], n: int, counts: Iterable[int], scores: Iterable[float]) -> list[str]:
+    """TSV rows; repr() gives the shortest string that reads back as the same float64."""
+    return [f"{t}\t{n}\t{c}\t{float(s)!r}" for t, c, s in zip(texts, counts, scores)]
+
+
+def write_vocabulary(directory: str, texts: Sequence[str], rows: Sequence[str], stats: dict) -> None:
+    """Write the three files into `directory` (a fresh temporary directory the caller renames)."""
+    from pmi_jax.storage import gfile, join
+
+    with gfile.GFile(join(directory, VOCAB_TXT), "w") as f:
+        f.write("".join(t + "\n" for t in texts))
+    with gfile.GFile(join(directory, VOCAB_TSV), "w") as f:
+        f.write(TSV_HEADER + "\n" + "".join(r + "\n" for r in rows))
+    with gfile.GFile(join(directory, STATS_JSON), "w") as f:
+        f.write(json.dumps(stats, indent=2) + "\n")
+
+
+def load_ngrams(path: str) -> list[tuple[str, ...]]:
+    """The n-grams of a vocabulary directory (its masking_vocab.txt) or of a one-n-gram-per-line file.
+
+    Words are separated by spaces; blank lines are skipped; file order is kept. Only "\\n" ends a
+    line: characters such as U+2028 may be part of a word.
+    """
+    from pmi_jax.storage import gfile, join
+
+    file = join(path, VOCAB_TXT) if gfile.isdir(path) else path
+    if not gfile.exists(file):
+        raise UserInputError(f"{file}: no such file")
+    with gfile.GFile(file, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    ngrams = [tuple(line.split(" ")) for line in (raw.strip(" \t\r") for raw in text.split("\n")) if line]
+    ngrams = [tuple(w for w in ngram if w) for ngram in ngrams]
+    if not ngrams:
+        raise UserInputError(f"{file}: holds no n-grams")
+    return ngrams
+
+
+def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3) -> list[str]:
+    """Problems of a masking vocabulary, one line each; empty if it can be used as is.
+
+    An entry is valid iff splitting its text into words (preprocess/words.py) gives back exactly
+    its words: upper case, accents, or punctuation attached to a word mean the list was made in
+    another normalisation and would never match the corpus. Lengths outside 2..5 and duplicate
+    entries are reported with their counts.
+    """
+    from preprocess.words import split_words
+
+    problems = []
+    lengths = collections.Counter(len(ngram) for ngram in ngrams)
+    for n in sorted(lengths):
+        if not MIN_N <= n <= MAX_N:
+            problems.append(f"{lengths[n]} entries have {n} words (expected {MIN_N} to {MAX_N})")
+    texts = [" ".join(ngram) for ngram in ngrams]
+    normalised = split_words(texts) if texts else []
+    wrong = [(t, " ".join(words)) for t, ngram, words in zip(texts, ngrams, normalised) if list(ngram) != words]
+    if wrong:
+        examples = ", ".join(f"{t!r} (as words: {w!r})" for t, w in wrong[:max_examples])
+        problems.append(f"{len(wrong)} entries are not in the uncased BERT word normalisation, e.g. {examples}")
+    duplicates = [t for t, c in collections.Counter(texts).items() if c > 1]
+    if duplicates:
+        problems.append(f"{len(duplicates)} entries appear more than once, e.g. "
+                        + ", ".join(repr(t) for t in duplicates[:max_examples]))
+    return problems
