@@ -1,0 +1,152 @@
+"""`pmi-jax corpus prepare | show`: the prepared corpus of DESIGN §4 (WordPiece ids, masking units)."""
+from __future__ import annotations
+
+import argparse
+
+_DEFAULT_SEQ_LEN = 512
+_DEFAULT_WORDPIECE_SIZE = 30_522
+
+
+def add_parser(subparsers) -> None:
+    corpus = subparsers.add_parser(
+        "corpus", help="tokenise, segment into masking units and pack a corpus into TFRecord shards",
+        description="Turn raw documents into the training input: WordPiece ids, whole-word and masking-unit "
+        "indices per token, packed into [CLS] ... [SEP] sequences (DESIGN.md §4).")
+    commands = corpus.add_subparsers(dest="corpus_command", required=True, metavar="COMMAND")
+    _add_prepare(commands)
+    _add_show(commands)
+
+
+def _add_prepare(commands) -> None:
+    p = commands.add_parser(
+        "prepare", help="write sharded TFRecords, vocab.txt and metadata.json",
+        description="Tokenise documents with WordPiece, segment them into masking units for each masking "
+        "vocabulary (longest entry wins; overlapping entries are chosen between at random, seeded), pack them "
+        "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
+        "files; a rerun after an interruption finishes the missing shards.")
+    p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
+                   help="text files (documents separated by blank lines) or .jsonl files with a 'text' field; "
+                   "globs, directories and gs:// URLs accepted, optionally .gz")
+    p.add_argument("--output", required=True, metavar="DIR", help="data directory to write (local or gs://)")
+    wp = p.add_mutually_exclusive_group()
+    wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
+                    help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
+                    "without it an uncased vocabulary is trained on the corpus")
+    wp.add_argument("--wordpiece-size", type=int, default=_DEFAULT_WORDPIECE_SIZE, metavar="N",
+                    help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
+                    "corpus yields fewer: pieces seen under 10 times are left out)")
+    p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
+                   help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
+                   "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
+                   "frequency=...)")
+    p.add_argument("--seq-len", type=int, default=_DEFAULT_SEQ_LEN,
+                   help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8)")
+    p.add_argument("--validation-fraction", type=float, default=0.01, metavar="F",
+                   help="fraction of documents held out as the validation split, chosen at random with --seed "
+                   "(default %(default)s; 0 for none)")
+    p.add_argument("--shards", type=int, default=0, metavar="N",
+                   help="train shards; validation gets ceil(N * F). Default 0: one train shard per 32 MiB of "
+                   "text, at least 4")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the validation choice and the choice between overlapping vocabulary entries "
+                   "(default %(default)s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes writing shards in parallel; does not change the output (default %(default)s)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files of a different configuration found in --output")
+    p.set_defaults(func=run_prepare)
+
+
+def _add_show(commands) -> None:
+    p = commands.add_parser(
+        "show", help="print prepared sequences with their masking units bracketed",
+        description="Decode a few sequences of a prepared corpus back to words and bracket each multi-word "
+        "masking unit, e.g. `[the united states] [air force] was ...`, to see what will be masked together.")
+    p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`")
+    p.add_argument("--split", default="train", choices=["train", "validation"], help="default %(default)s")
+    p.add_argument("--num", type=int, default=3, help="sequences to print (default %(default)s)")
+    p.add_argument("--units", metavar="NAME",
+                   help="which masking vocabulary's units to mark (default: every one, one line each)")
+    p.set_defaults(func=run_show)
+
+
+def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
+    from pmi_jax.errors import UserInputError
+
+    units = []
+    for value in values:
+        name, sep, source = value.partition("=")
+        if not sep or not name or not source:
+            raise UserInputError(f"--units {value}: expected NAME=VOCAB, e.g. pmi=out/vocab")
+        units.append((name, source))
+    return tuple(units)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from preprocess.prepare import PrepareConfig, prepare
+
+    config = PrepareConfig(
+        inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
+        wordpiece_size=args.wordpiece_size, units=_parse_units(args.units), seq_len=args.seq_len,
+        validation_fraction=args.validation_fraction, shards=args.shards, seed=args.seed,
+        workers=args.workers, overwrite=args.overwrite)
+    metadata = prepare(config)
+    for split, stats in metadata["splits"].items():
+        print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
+              f"{stats['tokens']} tokens in {stats['shards']} shards")
+    print(f"wordpiece: {metadata['wordpiece']['size']} tokens"
+          f"{' (trained)' if metadata['wordpiece']['trained'] else ''}")
+    for name, unit in metadata["units"].items():
+        print(f"units {name}: {unit['entries']} entries, {unit['coverage']:.1%} of tokens inside multi-word units")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
+    from pmi_jax.errors import UserInputError
+    from preprocess import corpus_format
+
+    metadata = corpus_format.read_metadata(args.data_dir)
+    names = list(metadata["units"])
+    if args.units is not None and args.units not in names:
+        raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "
+                             f"{', '.join(names) or 'no vocabulary'}")
+    names = [args.units] if args.units else names
+    paths = corpus_format.shard_paths(args.data_dir, args.split)
+    if not paths:
+        raise UserInputError(f"--split {args.split}: {args.data_dir} has no {args.split} shards")
+    with tf.io.gfile.GFile(corpus_format.vocab_path(args.data_dir), "r") as f:
+        vocab = f.read().split("\n")
+    for i, record in enumerate(tf.data.TFRecordDataset(paths).take(args.num).as_numpy_iterator()):
+        features = corpus_format.decode_example(record)
+        tokens = [vocab[t] for t in features[corpus_format.INPUT_IDS]]
+        print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
+        for name in names or [None]:
+            units = features[corpus_format.units_feature(name)] if name else features[corpus_format.WORD_IDS]
+            print(f"{name or 'words'}: {render_sequence(tokens, features[corpus_format.WORD_IDS], units)}")
+    return 0
+
+
+def render_sequence(tokens: list[str], word_ids, unit_ids) -> str:
+    """Tokens -> text with WordPieces joined into words and each multi-word unit in brackets.
+
+    Special tokens (word id -1) print as themselves; single-word units print bare.
+    """
+    groups: list[tuple[int, list[str]]] = []  # (unit, words of the unit)
+    previous_word = None
+    for token, word, unit in zip(tokens, word_ids, unit_ids):
+        if word < 0:
+            groups.append((-1, [token]))
+            previous_word = None
+            continue
+        if groups and groups[-1][0] == unit and unit >= 0:
+            if word == previous_word:
+                groups[-1][1][-1] += token[2:] if token.startswith("##") else token
+            else:
+                groups[-1][1].append(token)
+        else:
+            groups.append((unit, [token]))
+        previous_word = word
+    return " ".join(f"[{' '.join(words)}]" if len(words) > 1 else words[0] for _, words in groups)

@@ -1,0 +1,481 @@
+"""`pmi-jax corpus prepare` (DESIGN §4): documents -> WordPiece ids, masking units, packed shards.
+
+The work is cut into shards, each an independent, deterministic job over a fixed list of
+documents: tokenise, segment into units for every masking vocabulary, pack, write. A shard is
+written under a temporary name and renamed when complete, after a small stats file beside it
+(`.progress/`). A rerun with the same configuration skips finished shards, deletes leftover
+temporary files and does the rest; `metadata.json`, written last, marks the directory complete.
+
+Which document goes where depends only on the corpus, --validation-fraction, --shards and
+--seed: `validation` takes a seeded random choice of round(fraction * documents) documents, and
+each split's documents, in corpus order, are cut into contiguous runs, one per shard.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tqdm
+
+from pmi_jax import storage
+from pmi_jax.errors import UserInputError
+from preprocess import corpus_format, documents, segmentation, wordpiece
+from preprocess.packing import SequencePacker
+from preprocess.words import split_words_ragged
+
+log = logging.getLogger(__name__)
+
+MIN_SEQ_LEN = 8
+_MARKER = ".prepare.json"        # the configuration of an unfinished run
+_PROGRESS = ".progress"          # per-shard stats of finished shards
+_BATCH_CHARS = 1_000_000         # documents are tokenised in batches of about this many characters
+_AUTO_SHARD_CHARS = 32 * 2**20   # --shards 0: one train shard per this many characters of text
+_AUTO_MIN_SHARDS = 4
+_DEFAULT_WORDPIECE_SIZE = wordpiece.DEFAULT_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    inputs: tuple[str, ...]
+    output: str
+    wordpiece: str | None = None              # a BERT vocab.txt, or None to train one
+    wordpiece_size: int = _DEFAULT_WORDPIECE_SIZE
+    units: tuple[tuple[str, str], ...] = ()   # (name, masking vocabulary dir or n-gram list)
+    seq_len: int = 512
+    validation_fraction: float = 0.01
+    shards: int = 0                           # train shards; 0 picks from the corpus size
+    seed: int = 0
+    workers: int = 1
+    overwrite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusScan:
+    files: tuple[str, ...]
+    docs_per_file: tuple[int, ...]
+    chars: int
+    sha256: str
+
+    @property
+    def documents(self) -> int:
+        return sum(self.docs_per_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    split: str
+    index: int
+    num_shards: int
+    doc_indices: np.ndarray  # sorted global document indices
+
+    @property
+    def name(self) -> str:
+        return corpus_format.shard_name(self.split, self.index, self.num_shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerContext:
+    """Everything a worker process needs to write any shard."""
+    output: str
+    vocab_txt: str
+    units: tuple[tuple[str, str], ...]
+    seq_len: int
+    seed: int
+    scan: CorpusScan
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: corpus, vocabularies, document assignment.
+
+def scan_corpus(files: Sequence[str]) -> CorpusScan:
+    """One pass over the corpus: documents per file, characters, and a content hash."""
+    digest = hashlib.sha256()
+    counts, chars = [], 0
+    for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2):
+        n = 0
+        for doc in documents.read_documents(path):
+            digest.update(doc.encode("utf-8") + b"\0")
+            chars += len(doc)
+            n += 1
+        counts.append(n)
+    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest())
+
+
+def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
+    """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
+    from preprocess.masking_vocab import check_ngrams, load_ngrams
+
+    loaded = {}
+    for name, source in units:
+        try:
+            corpus_format.check_unit_name(name)
+        except UserInputError as e:
+            raise UserInputError(f"--units {name}={source}: {e}") from None
+        if name in loaded:
+            raise UserInputError(f"--units {name}=...: the name {name} is given twice")
+        ngrams = [tuple(g) for g in load_ngrams(source)]
+        problems = check_ngrams(ngrams)  # wrong normalisation, lengths outside 2..5, duplicates
+        if problems:
+            raise UserInputError(f"--units {name}={source}: " + "; ".join(problems))
+        loaded[name] = {"source": source, "sha256": segmentation.ngrams_sha256(ngrams), "entries": len(ngrams)}
+    return loaded
+
+
+def assign_documents(num_docs: int, validation_fraction: float, seed: int) -> np.ndarray:
+    """bool [num_docs], True for the validation documents: a seeded choice of round(f * D)."""
+    is_validation = np.zeros(num_docs, dtype=bool)
+    count = int(round(validation_fraction * num_docs))
+    if validation_fraction > 0 and num_docs >= 2:
+        count = min(max(count, 1), num_docs - 1)  # both splits non-empty
+    else:
+        count = 0
+    rng = np.random.default_rng([seed, 0x5A11D])
+    is_validation[rng.choice(num_docs, size=count, replace=False)] = True
+    return is_validation
+
+
+def shard_counts(config: PrepareConfig, scan: CorpusScan, is_validation: np.ndarray) -> dict[str, int]:
+    """Shards per split: --shards (or one per 32 MiB of text, at least 4) for train,
+    ceil(train shards * fraction) for validation; never more shards than documents."""
+    num_val = int(is_validation.sum())
+    num_train = len(is_validation) - num_val
+    train = config.shards or max(_AUTO_MIN_SHARDS, math.ceil(scan.chars / _AUTO_SHARD_CHARS))
+    validation = math.ceil(train * config.validation_fraction) if num_val else 0
+    return {"train": min(train, num_train), "validation": min(validation, num_val)}
+
+
+def shard_tasks(is_validation: np.ndarray, counts: dict[str, int]) -> list[ShardTask]:
+    tasks = []
+    for split, members in (("train", ~is_validation), ("validation", is_validation)):
+        indices = np.flatnonzero(members)
+        n = counts[split]
+        bounds = np.linspace(0, len(indices), n + 1).round().astype(np.int64) if n else []
+        for i in range(n):
+            tasks.append(ShardTask(split, i, n, indices[bounds[i]:bounds[i + 1]]))
+    return tasks
+
+
+def config_fingerprint(config: PrepareConfig, scan: CorpusScan, wordpiece_id: dict, units: dict,
+                       counts: dict[str, int]) -> str:
+    """sha256 of everything that determines the output bytes (not paths, not --workers)."""
+    determinants = {
+        "format_version": corpus_format.FORMAT_VERSION,
+        "corpus_sha256": scan.sha256,
+        "documents": scan.documents,
+        "wordpiece": wordpiece_id,
+        "units": {name: u["sha256"] for name, u in units.items()},
+        "seq_len": config.seq_len,
+        "seed": config.seed,
+        "validation_fraction": config.validation_fraction,
+        "shards": counts,
+    }
+    return hashlib.sha256(json.dumps(determinants, sort_keys=True).encode()).hexdigest()
+
+
+def check_config(config: PrepareConfig) -> None:
+    if config.seq_len < MIN_SEQ_LEN:
+        raise UserInputError(f"--seq-len {config.seq_len}: must be at least {MIN_SEQ_LEN}")
+    if not 0 <= config.validation_fraction < 1:
+        raise UserInputError(f"--validation-fraction {config.validation_fraction}: must be in [0, 1)")
+    if config.shards < 0:
+        raise UserInputError(f"--shards {config.shards}: must be positive (or 0 for automatic)")
+    if config.workers < 1:
+        raise UserInputError(f"--workers {config.workers}: must be at least 1")
+    if config.wordpiece is None and config.wordpiece_size <= len(wordpiece.SPECIAL_TOKENS):
+        raise UserInputError(f"--wordpiece-size {config.wordpiece_size}: must exceed the special tokens")
+
+
+# ---------------------------------------------------------------------------------------------
+# The output directory: claim it, resume it, finish it.
+
+def _our_files(output: str) -> list[str]:
+    """Files in `output` that a prepare run writes (shards, vocab, metadata, marker, temporaries)."""
+    if not storage.gfile.isdir(output):
+        return []
+    names = storage.gfile.listdir(output)
+    ours = []
+    for name in names:
+        name = name.rstrip("/")
+        if (name.endswith(".tfrecord") or name in (corpus_format.VOCAB_FILE, corpus_format.METADATA_FILE, _MARKER,
+                                                   _PROGRESS) or ".tmp-" in name):
+            ours.append(storage.join(output, name))
+    return ours
+
+
+def _read_json(path: str) -> dict | None:
+    if not storage.gfile.exists(path):
+        return None
+    with storage.gfile.GFile(path, "r") as f:
+        return json.load(f)
+
+
+def _write_json(path: str, value: dict) -> None:
+    with storage.atomic_file(path) as f:
+        f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def _remove(path: str) -> None:
+    if storage.gfile.isdir(path):
+        storage.gfile.rmtree(path)
+    elif storage.gfile.exists(path):
+        storage.gfile.remove(path)
+
+
+def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
+    """Make `output` ours for this configuration; return its metadata if it is already complete.
+
+    A directory left by another configuration is an error unless --overwrite, which deletes only
+    the files a prepare run writes. Leftover temporary files of an interrupted run are deleted.
+    """
+    metadata = _read_json(corpus_format.metadata_path(output))
+    marker = _read_json(storage.join(output, _MARKER))
+    found = (metadata or marker or {}).get("config_fingerprint")
+    if found == fingerprint and metadata is not None:
+        _remove(storage.join(output, _PROGRESS))  # left if a run was killed right after its metadata
+        _remove(storage.join(output, _MARKER))
+        return metadata
+    ours = _our_files(output)
+    if found != fingerprint and ours:
+        if not overwrite:
+            what = "a prepared corpus" if metadata else ("an unfinished run" if marker else "shards or a vocab.txt")
+            raise UserInputError(f"--output {output}: holds {what} of a different configuration; "
+                                 "pass --overwrite to replace it, or choose another directory")
+        for path in ours:
+            _remove(path)
+    for path in _our_files(output):
+        if ".tmp-" in path:
+            _remove(path)  # a shard or file whose writer was killed
+    storage.gfile.makedirs(storage.join(output, _PROGRESS))
+    _write_json(storage.join(output, _MARKER), {"config_fingerprint": fingerprint})
+    return None
+
+
+def _progress_path(output: str, task: ShardTask) -> str:
+    return storage.join(output, _PROGRESS, task.name + ".json")
+
+
+def _is_done(output: str, task: ShardTask) -> bool:
+    return storage.gfile.exists(storage.join(output, task.name)) and storage.gfile.exists(_progress_path(output, task))
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard.
+
+def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple[int, str]]:
+    """(global index, text) of the given documents, reading only the files that hold them."""
+    if not len(doc_indices):
+        return
+    first_of_file = np.concatenate([[0], np.cumsum(scan.docs_per_file)])
+    wanted = set(doc_indices.tolist())
+    lo, hi = int(doc_indices[0]), int(doc_indices[-1])
+    for f, path in enumerate(scan.files):
+        if first_of_file[f + 1] <= lo or first_of_file[f] > hi:
+            continue
+        for i, doc in enumerate(documents.read_documents(path), start=int(first_of_file[f])):
+            if i > hi:
+                break
+            if i in wanted:
+                yield i, doc
+
+
+def _batches(docs: Iterator[tuple[int, str]]) -> Iterator[tuple[np.ndarray, list[str]]]:
+    indices, texts, size = [], [], 0
+    for i, text in docs:
+        indices.append(i)
+        texts.append(text)
+        size += len(text)
+        if size >= _BATCH_CHARS:
+            yield np.array(indices, np.int64), texts
+            indices, texts, size = [], [], 0
+    if texts:
+        yield np.array(indices, np.int64), texts
+
+
+class ShardWriter:
+    """Tokenise, segment and pack documents; the per-process state of a worker."""
+
+    def __init__(self, context: WorkerContext):
+        self.context = context
+        self.tokens = wordpiece.load_vocab(context.vocab_txt)
+        self.special = wordpiece.special_ids(self.tokens)
+        self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
+        self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
+
+    def sequences(self, docs: Iterator[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
+        """Packed sequences of the documents, in order."""
+        for doc_indices, texts in _batches(docs):
+            words = split_words_ragged(tf.constant(texts))
+            flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
+            ids, word_token_splits = self.encoder.encode_words(flat_words)
+            pieces_per_word = np.diff(word_token_splits)
+            word_start = np.zeros(len(ids), dtype=bool)
+            word_start[word_token_splits[:-1][pieces_per_word > 0]] = True
+            unit_start = {}
+            for name, matcher in self.matchers.items():
+                starts_w = segmentation.unit_starts(matcher, flat_words, doc_word_splits, doc_indices,
+                                                    self.context.seed)
+                unit_start[name] = np.repeat(starts_w, pieces_per_word) & word_start
+            yield from packer.add(ids, word_start, unit_start, word_token_splits[doc_word_splits])
+        yield from packer.finish()
+
+    def write(self, task: ShardTask) -> dict:
+        """Write one shard (atomically, stats first) and return its stats."""
+        ctx = self.context
+        packer = SequencePacker(ctx.seq_len, self.special["cls"], self.special["sep"], [n for n, _ in ctx.units])
+        path = storage.join(ctx.output, task.name)
+        tmp = storage.temporary_sibling(path)
+        encode = corpus_format.ExampleEncoder(corpus_format.feature_names(packer.unit_names))
+        stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
+        try:
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
+                    writer.write(encode(features))
+                    stats["sequences"] += 1
+                    stats["tokens"] += len(features[corpus_format.INPUT_IDS])
+            stats["content_tokens"] = packer.tokens
+            stats["multiword_tokens"] = dict(packer.multiword_tokens)
+            _write_json(_progress_path(ctx.output, task), stats)
+            storage.gfile.rename(tmp, path, overwrite=True)
+        finally:
+            if storage.gfile.exists(tmp):
+                storage.gfile.remove(tmp)
+        return stats
+
+
+def _load_ngrams(source: str) -> list[tuple[str, ...]]:
+    from preprocess.masking_vocab import load_ngrams
+
+    return [tuple(g) for g in load_ngrams(source)]
+
+
+_WORKER: ShardWriter | None = None
+
+
+def _init_worker(context: WorkerContext) -> None:
+    global _WORKER
+    _WORKER = ShardWriter(context)
+
+
+def _write_in_worker(task: ShardTask) -> tuple[ShardTask, dict]:
+    return task, _WORKER.write(task)
+
+
+def _run_tasks(context: WorkerContext, tasks: list[ShardTask], workers: int,
+               on_shard_done: Callable[[ShardTask], None] | None) -> None:
+    bar = tqdm.tqdm(total=len(tasks), desc="shards", unit="shard")
+    if workers == 1 or len(tasks) <= 1:
+        writer = ShardWriter(context)
+        results = ((task, writer.write(task)) for task in tasks)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(min(workers, len(tasks)), _init_worker, (context,))
+        results = pool.imap_unordered(_write_in_worker, tasks)
+    try:
+        for task, _ in results:
+            bar.update(1)
+            if on_shard_done is not None:
+                on_shard_done(task)
+        if pool is not None:
+            pool.close()
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()  # after close(): waits for nothing; after an error: stops the workers
+            pool.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole run.
+
+def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str] | None) -> list[str]:
+    """Write DIR/vocab.txt (the given vocabulary, or one trained on the corpus) and return its tokens.
+
+    Called on a claimed directory, so a vocab.txt found there was trained by an interrupted run
+    of this same configuration, and training is deterministic: it is kept.
+    """
+    target = corpus_format.vocab_path(config.output)
+    if given is None and storage.gfile.exists(target):
+        return wordpiece.load_vocab(target)
+    tokens = given
+    if tokens is None:
+        log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
+        counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS))
+        tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
+    with storage.atomic_file(target) as f:
+        f.write(wordpiece.vocab_text(tokens))
+    return tokens
+
+
+def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | None = None) -> dict:
+    """Prepare (or finish preparing) `config.output`; return its metadata."""
+    check_config(config)
+    files = documents.expand_inputs(config.inputs)
+    given = wordpiece.load_vocab(config.wordpiece) if config.wordpiece is not None else None
+    units = load_unit_vocabularies(config.units)
+    scan = scan_corpus(files)
+    if scan.documents == 0:
+        raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
+    is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)
+    counts = shard_counts(config, scan, is_validation)
+    wordpiece_id = ({"sha256": wordpiece.vocab_sha256(given)} if given is not None
+                    else {"trained_size": config.wordpiece_size})
+    fingerprint = config_fingerprint(config, scan, wordpiece_id, units, counts)
+
+    done = claim_output(config.output, fingerprint, config.overwrite)
+    if done is not None:
+        log.info("%s: already prepared with this configuration", config.output)
+        return done
+    tokens = _install_wordpiece(config, scan, given)
+    vocab_txt = corpus_format.vocab_path(config.output)
+
+    tasks = shard_tasks(is_validation, counts)
+    todo = [t for t in tasks if not _is_done(config.output, t)]
+    if len(todo) < len(tasks):
+        log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
+    context = WorkerContext(config.output, vocab_txt, config.units, config.seq_len, config.seed, scan)
+    _run_tasks(context, todo, config.workers, on_shard_done)
+
+    metadata = _metadata(config, scan, tokens, given is None, units, tasks, fingerprint)
+    _write_json(corpus_format.metadata_path(config.output), metadata)
+    _remove(storage.join(config.output, _PROGRESS))
+    _remove(storage.join(config.output, _MARKER))
+    return metadata
+
+
+def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
+              tasks: list[ShardTask], fingerprint: str) -> dict:
+    splits = {split: {"shards": 0, "sequences": 0, "tokens": 0, "content_tokens": 0, "documents": 0, "files": []}
+              for split in corpus_format.SPLITS}
+    multiword = dict.fromkeys(units, 0)
+    for task in tasks:
+        stats = _read_json(_progress_path(config.output, task))
+        split = splits[task.split]
+        split["shards"] += 1
+        split["files"].append(task.name)
+        for key in ("sequences", "tokens", "content_tokens", "documents"):
+            split[key] += stats[key]
+        for name in units:
+            multiword[name] += stats["multiword_tokens"][name]
+    content = sum(s["content_tokens"] for s in splits.values())
+    return {
+        "format_version": corpus_format.FORMAT_VERSION,
+        "seq_len": config.seq_len,
+        "seed": config.seed,
+        "validation_fraction": config.validation_fraction,
+        "wordpiece": {"path": corpus_format.VOCAB_FILE, "source": config.wordpiece,
+                      "sha256": wordpiece.vocab_sha256(tokens), "size": len(tokens), "trained": trained},
+        "special_ids": wordpiece.special_ids(tokens),
+        "units": {name: {"source": u["source"], "sha256": u["sha256"], "entries": u["entries"],
+                         "coverage": multiword[name] / content if content else 0.0}
+                  for name, u in units.items()},
+        "splits": splits,
+        "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256},
+        "config_fingerprint": fingerprint,
+    }

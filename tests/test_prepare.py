@@ -1,0 +1,388 @@
+"""`pmi-jax corpus prepare` end to end on a small corpus: the shards decoded back and checked."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pmi_jax.cli import main as cli_main
+from pmi_jax.errors import UserInputError
+from preprocess import corpus_format
+from preprocess.documents import expand_inputs, iter_documents
+from preprocess.packing import SequencePacker
+from preprocess.prepare import PrepareConfig, assign_documents, prepare
+from preprocess.words import split_words
+
+PHRASES = ["the united states", "air force", "united states air force", "new york city", "new york",
+           "york city hall", "of the", "in the", "machine learning", "learning rate"]
+FILLER = ("was is a an at by for with from many some data model text word city state force "
+          "Running, quickly. Naïve (café) e-mail: 3.14!").split()
+PMI = ["united states air force", "the united states", "air force", "new york city", "york city hall",
+       "machine learning", "learning rate"]
+FREQUENCY = ["of the", "in the", "new york", "air force"]
+
+
+def _document(rng: np.random.Generator) -> str:
+    """Phrases, frequent filler, and made-up rare words (which WordPiece cuts into pieces)."""
+    parts = []
+    for _ in range(int(rng.choice([2, 5, 40]))):
+        pool = PHRASES if rng.random() < 0.4 else FILLER
+        parts.append(str(rng.choice(pool)))
+        if rng.random() < 0.2:
+            parts.append("".join(rng.choice(["zor", "bax", "el", "qui", "dra", "mon"], size=3)))
+    return " ".join(parts)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    docs = [_document(rng) for _ in range(90)]
+    (root / "a.txt").write_text("\n\n".join(docs[:60]) + "\n")
+    (root / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[60:]))
+    (root / "pmi.txt").write_text("\n".join(PMI) + "\n")
+    (root / "frequency.txt").write_text("\n".join(FREQUENCY) + "\n")
+    return {"root": root, "inputs": (str(root / "a.txt"), str(root / "b.jsonl")), "docs": docs}
+
+
+def _config(corpus, output, **overrides) -> PrepareConfig:
+    root = corpus["root"]
+    options = dict(inputs=corpus["inputs"], output=str(output), wordpiece_size=300,
+                   units=(("pmi", str(root / "pmi.txt")), ("frequency", str(root / "frequency.txt"))),
+                   seq_len=24, validation_fraction=0.1, shards=3, seed=1)
+    options.update(overrides)
+    return PrepareConfig(**options)
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> tuple[PrepareConfig, dict]:
+    config = _config(corpus, tmp_path_factory.mktemp("out") / "data")
+    return config, prepare(config)
+
+
+def _read_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
+    paths = corpus_format.shard_paths(data_dir, split)
+    return [corpus_format.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
+
+
+def _vocab(data_dir: str) -> list[str]:
+    return pathlib.Path(corpus_format.vocab_path(data_dir)).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def _words_of_stream(sequences, vocab, special_ids) -> list[str]:
+    """Content words of consecutive sequences; a word cut by a sequence boundary is joined again."""
+    words = []
+    for seq in sequences:
+        for token_id, word_id in zip(seq["input_ids"], seq["word_ids"]):
+            token = vocab[token_id]
+            if word_id < 0:
+                assert token_id in (special_ids["cls"], special_ids["sep"])
+            elif token.startswith("##") and words:
+                words[-1] += token[2:]
+            else:
+                words.append(token)
+    return words
+
+
+def _bytes_of(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(pathlib.Path(directory).iterdir())}
+
+
+def test_round_trip_to_the_words_of_each_split(corpus, prepared):
+    config, metadata = prepared
+    vocab = _vocab(config.output)
+    is_validation = assign_documents(len(corpus["docs"]), config.validation_fraction, config.seed)
+    assert is_validation.sum() == 9
+    for split, members in (("train", ~is_validation), ("validation", is_validation)):
+        docs = [d for d, m in zip(corpus["docs"], members) if m]
+        expected = [w for doc in split_words(docs) for w in doc]
+        sequences = _read_split(config.output, split)
+        assert _words_of_stream(sequences, vocab, metadata["special_ids"]) == expected
+        stats = metadata["splits"][split]
+        assert stats["documents"] == len(docs)
+        assert stats["sequences"] == len(sequences)
+        assert stats["tokens"] == sum(len(s["input_ids"]) for s in sequences)
+        assert stats["shards"] == len(stats["files"]) == (3 if split == "train" else 1)
+
+
+def test_sequence_structure(prepared):
+    config, metadata = prepared
+    special = metadata["special_ids"]
+    for split in corpus_format.SPLITS:
+        sequences = _read_split(config.output, split)
+        for seq in sequences:
+            ids = seq["input_ids"]
+            assert 3 <= len(ids) <= config.seq_len
+            assert ids[0] == special["cls"] and ids[-1] == special["sep"]
+            assert set(seq) == set(corpus_format.feature_names(["frequency", "pmi"]))
+            is_special = np.isin(ids, [special["cls"], special["sep"]])
+            for name in ("word_ids", "units_pmi", "units_frequency"):
+                index = seq[name]
+                assert len(index) == len(ids)
+                np.testing.assert_array_equal(index < 0, is_special)
+                kept = index[index >= 0]
+                assert kept[0] == 0 and set(np.diff(kept)) <= {0, 1}
+            units, words = seq["units_pmi"], seq["word_ids"]
+            body = ~is_special
+            # a unit starts only where a word starts; a [SEP] inside always starts a new unit
+            new_unit = np.diff(units[body], prepend=-1) > 0
+            new_word = np.diff(words[body], prepend=-1) > 0
+            assert np.all(new_word[new_unit])
+            inner_seps = np.flatnonzero(is_special[1:-1]) + 1
+            for s in inner_seps:
+                assert units[s - 1] < units[s + 1] and words[s - 1] < words[s + 1]
+        full = [len(s["input_ids"]) for s in sequences[:-1]]
+        assert np.mean(full) > config.seq_len - 2  # packing wastes at most a slot now and then
+
+
+def test_multiword_units_are_vocabulary_entries(prepared):
+    config, metadata = prepared
+    vocab = _vocab(config.output)
+    entries = {"pmi": set(PMI), "frequency": set(FREQUENCY)}
+    multiword = dict.fromkeys(entries, 0)
+    seen = dict.fromkeys(entries, set())
+    content = 0
+    for split in corpus_format.SPLITS:
+        for seq in _read_split(config.output, split):
+            body = seq["word_ids"] >= 0
+            content += body.sum()
+            for name in entries:
+                units = seq[f"units_{name}"]
+                for unit in np.unique(units[body]):
+                    at = np.flatnonzero(units == unit)
+                    words = _words_of_stream([{"input_ids": seq["input_ids"][at], "word_ids": seq["word_ids"][at]}],
+                                             vocab, metadata["special_ids"])
+                    if len(words) < 2:
+                        continue
+                    multiword[name] += len(at)
+                    touches_edge = at[0] == 1 or at[-1] == len(units) - 2  # possibly cut by the boundary
+                    if not touches_edge:
+                        assert " ".join(words) in entries[name]
+                        seen[name] = seen[name] | {" ".join(words)}
+    for name in entries:
+        assert metadata["units"][name]["coverage"] == pytest.approx(multiword[name] / content)
+        assert metadata["units"][name]["entries"] == len(entries[name])
+    assert "united states air force" in seen["pmi"] and "new york" in seen["frequency"]
+    assert 0.1 < metadata["units"]["pmi"]["coverage"] < 0.9
+
+
+def test_same_inputs_give_identical_bytes_and_resume_finishes_a_killed_run(corpus, prepared, tmp_path):
+    config, _ = prepared
+    reference = _bytes_of(config.output)
+    assert set(reference) == {"metadata.json", "vocab.txt", "train-00000-of-00003.tfrecord",
+                              "train-00001-of-00003.tfrecord", "train-00002-of-00003.tfrecord",
+                              "validation-00000-of-00001.tfrecord"}
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first(task):
+        raise Killed(task.name)
+
+    output = tmp_path / "data"
+    with pytest.raises(Killed):
+        prepare(_config(corpus, output), on_shard_done=kill_after_first)
+    shards = sorted(output.glob("*.tfrecord"))
+    assert len(shards) == 1 and not (output / "metadata.json").exists()
+    truncated = output / ".train-00001-of-00003.tfrecord.tmp-0123456789ab"
+    truncated.write_bytes(reference["train-00001-of-00003.tfrecord"][:100])  # a writer killed mid-shard
+
+    written = []
+    prepare(_config(corpus, output), on_shard_done=lambda task: written.append(task.name))
+    assert len(written) == 3 and shards[0].name not in written
+    assert _bytes_of(output) == reference
+
+
+def test_workers_do_not_change_the_output(corpus, prepared, tmp_path):
+    config, _ = prepared
+    prepare(_config(corpus, tmp_path / "data", workers=2))
+    assert _bytes_of(tmp_path / "data") == _bytes_of(config.output)
+
+
+def test_another_seed_changes_units_but_not_tokens(corpus, prepared, tmp_path):
+    config, _ = prepared
+    other = prepare(_config(corpus, tmp_path / "data", seed=2, validation_fraction=0.0, shards=1))
+    mine = prepare(_config(corpus, tmp_path / "mine", seed=1, validation_fraction=0.0, shards=1))
+    a, b = _read_split(str(tmp_path / "data"), "train"), _read_split(str(tmp_path / "mine"), "train")
+    assert [s["input_ids"].tolist() for s in a] == [s["input_ids"].tolist() for s in b]
+    assert [s["units_pmi"].tolist() for s in a] != [s["units_pmi"].tolist() for s in b]
+    assert other["splits"]["validation"]["shards"] == 0 and mine["splits"]["train"]["documents"] == 90
+
+
+def test_given_wordpiece_vocabulary_is_copied(corpus, prepared, tmp_path):
+    config, _ = prepared
+    source = corpus_format.vocab_path(config.output)
+    metadata = prepare(_config(corpus, tmp_path / "data", wordpiece=source))
+    assert (tmp_path / "data" / "vocab.txt").read_bytes() == pathlib.Path(source).read_bytes()
+    assert metadata["wordpiece"]["trained"] is False and metadata["wordpiece"]["source"] == source
+    assert _read_split(str(tmp_path / "data"), "train")[0]["input_ids"].tolist() == \
+        _read_split(config.output, "train")[0]["input_ids"].tolist()
+
+
+def test_a_short_sequence_length_cuts_words_and_units_in_two(corpus, tmp_path):
+    config = _config(corpus, tmp_path / "data", seq_len=8, validation_fraction=0.0, shards=1)
+    metadata = prepare(config)
+    sequences = _read_split(config.output, "train")
+    vocab = _vocab(config.output)
+    assert max(len(s["input_ids"]) for s in sequences) == 8
+    assert _words_of_stream(sequences, vocab, metadata["special_ids"]) == \
+        [w for doc in split_words(corpus["docs"]) for w in doc]
+    cut = [s for s in sequences if vocab[s["input_ids"][1]].startswith("##")]
+    assert cut and all(s["word_ids"][1] == 0 for s in cut)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"seq_len": 7}, "--seq-len 7"),
+    ({"validation_fraction": 1.0}, "--validation-fraction"),
+    ({"units": (("pmi", "UPPER"),)}, "normalisation"),
+    ({"units": (("pmi", "PUNCT"),)}, "normalisation"),
+    ({"units": (("PMI", "pmi.txt"),)}, "'PMI'"),
+    ({"wordpiece": "NOSPECIAL"}, r"\[MASK\] missing"),
+    ({"inputs": ("EMPTY",)}, "no documents"),
+    ({"inputs": ("missing/*.txt",)}, "no file matches"),
+])
+def test_bad_input_is_a_clear_error_and_writes_nothing(corpus, tmp_path, bad, message):
+    root = corpus["root"]
+    (tmp_path / "UPPER").write_text("the United States\nair force\n")
+    (tmp_path / "PUNCT").write_text("u.s. army\nair force\n")
+    (tmp_path / "NOSPECIAL").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
+    (tmp_path / "EMPTY").write_text("\n\n   \n\n")
+    resolved = {}
+    for key, value in bad.items():
+        if key == "units":
+            value = tuple((n, str(tmp_path / s) if s.isupper() else str(root / s)) for n, s in value)
+        elif key == "inputs":
+            value = tuple(str(tmp_path / v) for v in value)
+        elif key == "wordpiece":
+            value = str(tmp_path / value)
+        resolved[key] = value
+    with pytest.raises(UserInputError, match=message):
+        prepare(_config(corpus, tmp_path / "out", **resolved))
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_of_another_configuration_is_refused_unless_overwrite(corpus, prepared, tmp_path):
+    config, _ = prepared
+    output = tmp_path / "data"
+    prepare(_config(corpus, output, validation_fraction=0.0, shards=2))
+    before = _bytes_of(output)
+    with pytest.raises(UserInputError, match="different configuration"):
+        prepare(_config(corpus, output))
+    assert _bytes_of(output) == before
+    prepare(_config(corpus, output, overwrite=True))
+    assert _bytes_of(output) == _bytes_of(config.output)
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "train-00000-of-00001.tfrecord").write_bytes(b"not ours")
+    with pytest.raises(UserInputError, match="different configuration"):
+        prepare(_config(corpus, stray))
+    assert (stray / "train-00000-of-00001.tfrecord").read_bytes() == b"not ours"
+
+
+def test_rerun_of_a_complete_directory_changes_nothing(corpus, prepared):
+    config, metadata = prepared
+    before = {p: os.stat(os.path.join(config.output, p)).st_mtime_ns for p in os.listdir(config.output)}
+    assert prepare(config) == metadata
+    assert {p: os.stat(os.path.join(config.output, p)).st_mtime_ns for p in os.listdir(config.output)} == before
+
+
+def test_cli_prepare_and_show(corpus, prepared, tmp_path, capsys):
+    config, _ = prepared
+    root = corpus["root"]
+    out = tmp_path / "data"
+    status = cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(out),
+                       "--wordpiece-size", "300", "--units", f"pmi={root / 'pmi.txt'}",
+                       "--units", f"frequency={root / 'frequency.txt'}", "--seq-len", "24",
+                       "--validation-fraction", "0.1", "--shards", "3", "--seed", "1"])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "units pmi: 7 entries" in printed and "of tokens inside multi-word units" in printed
+    assert _bytes_of(out) == _bytes_of(config.output)
+    assert cli_main(["corpus", "show", str(out), "--num", "40", "--units", "pmi"]) == 0
+    shown = capsys.readouterr().out
+    assert "[CLS]" in shown and ("[united states air force]" in shown or "[the united states]" in shown)
+    assert cli_main(["corpus", "show", str(out), "--units", "nope"]) == 2
+    assert cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(out),
+                     "--units", "pmi"]) == 2
+    assert "expected NAME=VOCAB" in capsys.readouterr().err
+
+
+def test_render_sequence_joins_pieces_and_brackets_units():
+    from pmi_jax.cli.corpus import render_sequence
+
+    tokens = ["[CLS]", "the", "united", "state", "##s", "air", "force", "was", "found", "##ed", "[SEP]"]
+    word_ids = [-1, 0, 1, 2, 2, 3, 4, 5, 6, 6, -1]
+    unit_ids = [-1, 0, 0, 0, 0, 1, 1, 2, 3, 3, -1]
+    assert render_sequence(tokens, word_ids, unit_ids) == \
+        "[CLS] [the united states] [air force] was founded [SEP]"
+
+
+def _reference_pack(docs, capacity, cls_id=2, sep_id=3):
+    """The packing rule one token at a time: docs are lists of (id, starts a word) pairs."""
+    rows, row = [], []
+    for doc in docs:
+        if doc and row:
+            if capacity - len(row) >= 2:
+                row.append((sep_id, None))
+            else:
+                rows.append(row)
+                row = []
+        for token in doc:
+            row.append(token)
+            if len(row) == capacity:
+                rows.append(row)
+                row = []
+    rows += [row] if row else []
+    out = []
+    for row in rows:
+        word_ids, count = [], -1
+        for i, (token_id, starts) in enumerate(row):
+            if starts is None:
+                word_ids.append(-1)
+                continue
+            count += starts or i == 0  # a word cut by the row boundary starts anew
+            word_ids.append(count)
+        out.append(([cls_id] + [t for t, _ in row] + [sep_id], [-1] + word_ids + [-1]))
+    return out
+
+
+@pytest.mark.parametrize("seq_len", [8, 9, 16])
+def test_packing_matches_a_token_by_token_reference_for_any_batching(seq_len):
+    rng = np.random.default_rng(seq_len)
+    docs = []
+    for _ in range(60):
+        n = int(rng.choice([0, 1, 3, 6, 7, 20]))
+        starts = rng.random(n) < 0.6
+        starts[:1] = True
+        docs.append([(int(t), bool(w)) for t, w in zip(rng.integers(5, 99, n), starts)])
+    expected = _reference_pack(docs, seq_len - 2)
+    for cuts in ([], [1, 2, 30], list(range(1, 60, 7))):
+        packer = SequencePacker(seq_len, cls_id=2, sep_id=3, unit_names=["u"])
+        got = []
+        for batch in np.split(np.arange(len(docs)), cuts):
+            tokens = [t for d in batch for t in docs[d]]
+            ids = np.array([t for t, _ in tokens], np.int64)
+            word_start = np.array([w for _, w in tokens], bool)
+            splits = np.concatenate([[0], np.cumsum([len(docs[d]) for d in batch])]).astype(np.int64)
+            got += list(packer.add(ids, word_start, {"u": word_start}, splits))
+        got += list(packer.finish())
+        assert [(g["input_ids"].tolist(), g["word_ids"].tolist()) for g in got] == expected
+        assert all(np.array_equal(g["units_u"], g["word_ids"]) for g in got)
+
+
+def test_parse_example_in_tf_data_matches_the_records(prepared):
+    config, _ = prepared
+    paths = corpus_format.shard_paths(config.output, "validation")
+    parsed = tf.data.TFRecordDataset(paths).map(lambda r: corpus_format.parse_example(r, ["pmi", "frequency"]))
+    for got, want in zip(parsed.as_numpy_iterator(), _read_split(config.output, "validation"), strict=True):
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_inputs_are_read_in_sorted_order(corpus):
+    assert list(iter_documents(expand_inputs(corpus["inputs"]))) == corpus["docs"]

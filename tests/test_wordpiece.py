@@ -1,0 +1,101 @@
+"""WordPiece: training, loading, and ids equal to tensorflow_text's BertTokenizer on hard text."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from pmi_jax.errors import UserInputError
+from preprocess import wordpiece
+from preprocess.words import split_words
+
+TRAINING_TEXT = [
+    "The United States Air Force was founded in 1947; its headquarters are in the Pentagon.",
+    "Naïve café owners in Zürich serve crème brûlée, and the Straße is busy at 5:30 p.m.",
+    "Tokyo (東京) and Kyoto (京都) are cities; 'quoted' words, hyphen-ated words, e-mail@example.com.",
+    "Running runners ran quickly; unbelievable, unbelievably, believers believing in belief.",
+]
+HARD_TEXT = [
+    "HELLO   World!!  The UNITED states’ AIR-force…",
+    "Ǆungla ﬁnance ß İstanbul ΣΊΣΥΦΟΣ naïve CAFÉ",
+    "东京 Tōkyō, 서울 and  ‐ dashes – — and zero\u200bwidth\u00adsoft tab\tend",
+    "an emoji 😀 and control\x07char and a " + "verylong" * 16 + " word",
+    "",
+    "   ",
+]
+
+
+@pytest.fixture(scope="module")
+def vocab_txt(tmp_path_factory):
+    counts = wordpiece.count_words([TRAINING_TEXT * 12])
+    tokens = wordpiece.train_vocab(counts, size=400)
+    path = tmp_path_factory.mktemp("wp") / "vocab.txt"
+    path.write_text(wordpiece.vocab_text(tokens), encoding="utf-8")
+    return str(path)
+
+
+def test_ids_equal_bert_tokenizer(vocab_txt):
+    docs = TRAINING_TEXT + HARD_TEXT
+    expected = tf_text.BertTokenizer(vocab_txt, lower_case=True).tokenize(tf.constant(docs))
+    expected = expected.merge_dims(1, 2).to_list()
+    got = wordpiece.WordPieceEncoder(vocab_txt).encode_documents(docs)
+    assert got == expected
+    unk = wordpiece.special_ids(wordpiece.load_vocab(vocab_txt))["unk"]
+    assert any(unk in row for row in got[len(TRAINING_TEXT):])  # the hard text does reach [UNK]
+
+
+def test_pieces_join_back_into_the_words(vocab_txt):
+    tokens = wordpiece.load_vocab(vocab_txt)
+    encoder = wordpiece.WordPieceEncoder(vocab_txt)
+    words = tf.constant([w for doc in split_words(TRAINING_TEXT) for w in doc])
+    ids, splits = encoder.encode_words(words)
+    rebuilt = ["".join(tokens[i].removeprefix("##") for i in ids[a:b]) for a, b in zip(splits, splits[1:])]
+    assert rebuilt == [w.decode() for w in words.numpy()]
+    assert np.all(np.diff(splits) >= 1)
+
+
+def test_trained_vocabulary_layout_and_determinism():
+    counts = wordpiece.count_words([TRAINING_TEXT * 12])
+    tokens = wordpiece.train_vocab(counts, size=400)
+    assert tuple(tokens[:5]) == wordpiece.SPECIAL_TOKENS
+    assert len(tokens) == len(set(tokens)) <= 400
+    assert all(t == t.lower() for t in tokens[5:])  # uncased
+    assert {w for doc in split_words(TRAINING_TEXT) for w in doc if len(w) > 2 and w.isalpha()} & set(tokens)
+    assert wordpiece.train_vocab(counts, size=400) == tokens
+    small = wordpiece.train_vocab(counts, size=30)
+    assert len(small) <= 30 and tuple(small[:5]) == wordpiece.SPECIAL_TOKENS
+
+
+def test_frequent_words_become_single_pieces():
+    counts = wordpiece.count_words([["pretraining corpus " * 50 + "zyx"]])
+    tokens = wordpiece.train_vocab(counts, size=200)
+    assert "pretraining" in tokens and "corpus" in tokens
+
+
+def test_special_ids_of_a_bert_style_vocabulary(tmp_path):
+    tokens = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "##s"]
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n")
+    assert wordpiece.special_ids(wordpiece.load_vocab(str(path))) == {
+        "pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the"], "[MASK] missing"),
+    (["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"], "first line must be [PAD]"),
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "the"], "appear twice"),
+    ([], "first line must be [PAD]"),
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "", "a"], "blank"),
+])
+def test_bad_vocabulary_files(tmp_path, lines, message):
+    path = tmp_path / "vocab.txt"
+    path.write_text("".join(t + "\n" for t in lines))
+    with pytest.raises(UserInputError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+        wordpiece.load_vocab(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_training_on_nothing_is_an_error():
+    with pytest.raises(UserInputError, match="no words"):
+        wordpiece.train_vocab(wordpiece.count_words([[" "]]), size=100)
