@@ -1,0 +1,321 @@
+"""`pmi-jax vocab build` as an Apache Beam pipeline, for corpora larger than one machine wants.
+
+    python -m preprocess.beam_vocab --input gs://B/corpora/owt --output gs://B/vocab/pmi \\
+        --runner DataflowRunner --project P --region us-central2 --temp_location gs://B/tmp \\
+        --machine_type n2-highmem-16 --setup_file ./setup.py
+
+The same input and options give the same masking_vocab.txt and masking_vocab.tsv, byte for
+byte, as the local build (DESIGN §1-3), and the same stats.json but for elapsed_seconds. The
+stages and the local code each one runs:
+
+  words      preprocess.words, on batches of documents (preprocess.beam_pipeline)
+  counts     level by level, the local Apriori rule: n = 1 counts every word; n >= 2 counts
+             the n-grams whose two (n-1)-word sub-grams are frequent (count >= min_count).
+             Grouping by key replaces the local id stream and disk spills; the sub-gram test
+             is a join with the frequent (n-1)-grams, not a side input, so it scales.
+  selection  the frequent n-grams of every length meet in one worker as the local
+             `NgramCounts` table, scored, ranked and cut by preprocess.build_vocab's own code.
+             Like the local build, this step holds every frequent n-gram in memory (here as
+             Python tuples, of the order of 150 bytes each): give it a highmem worker.
+  coverage   a second pass over the documents, with the selection as a side input.
+  output     preprocess.masking_vocab.write_vocabulary, into a directory renamed when complete.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import functools
+import json
+import sys
+import time
+from typing import Iterable, Iterator, Sequence
+
+import apache_beam as beam
+import numpy as np
+
+from pmi_jax.errors import UserInputError
+from preprocess import beam_pipeline
+
+Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.words yields them
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting
+
+
+def document_words(batch: Sequence[str]) -> list[tuple[bytes, ...]]:
+    """The words of each document of a batch (one tokeniser call for the whole batch)."""
+    from preprocess.words import split_words_flat
+
+    flat, splits = split_words_flat(batch)
+    return [tuple(flat[splits[i]:splits[i + 1]]) for i in range(len(batch))]
+
+
+def batch_totals(batch: Sequence[Gram], max_n: int) -> list[int]:
+    """[documents, N_1, ..., N_max_n] of a batch: N_k counts the k-gram positions inside documents."""
+    return [len(batch)] + [sum(max(0, len(words) - k + 1) for words in batch) for k in range(1, max_n + 1)]
+
+
+def add_vectors(vectors: Iterable[list[int]], size: int) -> list[int]:
+    total = [0] * size
+    for vector in vectors:
+        total = [a + b for a, b in zip(total, vector)]
+    return total
+
+
+def word_counts(batch: Sequence[Gram]) -> Iterator[tuple[bytes, int]]:
+    yield from collections.Counter(w for words in batch for w in words).items()
+
+
+def ngram_counts(batch: Sequence[Gram], n: int, frequent_words) -> Iterator[tuple[Gram, int]]:
+    """Counts, within one batch, of the n-grams made of frequent words only (a superset of the
+    n-grams whose two sub-grams are frequent; the joins below keep exactly those)."""
+    counts: collections.Counter = collections.Counter()
+    for words in batch:
+        frequent = [w in frequent_words for w in words]
+        run = 0  # frequent words ending at position i
+        for i, ok in enumerate(frequent):
+            run = run + 1 if ok else 0
+            if run >= n:
+                counts[words[i - n + 1:i + 1]] += 1
+    yield from counts.items()
+
+
+def as_unigram(word_count: tuple[bytes, int]) -> tuple[Gram, int]:
+    return (word_count[0],), word_count[1]
+
+
+def key_by_part(gram_count: tuple[Gram, int], part: slice) -> tuple[Gram, tuple[Gram, int]]:
+    return gram_count[0][part], gram_count
+
+
+def mark_frequent(gram_count: tuple[Gram, int]) -> tuple[Gram, bool]:
+    return gram_count[0], True
+
+
+def keep_if_part_frequent(joined) -> Iterable[tuple[Gram, int]]:
+    _, groups = joined
+    return groups["grams"] if groups["frequent"] else []
+
+
+def is_frequent(gram_count: tuple, min_count: int) -> bool:
+    return gram_count[1] >= min_count
+
+
+def keep_where_frequent(grams, frequent_shorter, part: slice, label: str):
+    """The (gram, count) pairs of `grams` whose sub-gram `part` is among `frequent_shorter`."""
+    keyed = grams | f"{label}Key" >> beam.Map(key_by_part, part)
+    marks = frequent_shorter | f"{label}Mark" >> beam.Map(mark_frequent)
+    return ({"grams": keyed, "frequent": marks}
+            | f"{label}Join" >> beam.CoGroupByKey()
+            | f"{label}Keep" >> beam.FlatMap(keep_if_part_frequent))
+
+
+def tag(value, n: int):
+    return n, value
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection: the local code, on a table assembled from the counts
+
+
+def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict[int, int], totals: Sequence[int],
+                 min_count: int, max_n: int):
+    """The frequent n-grams of every length as the local `NgramCounts` table.
+
+    Frequent words are numbered in byte order (the local build numbers them by first
+    appearance; nothing in the output depends on the numbering). n-gram keys follow
+    `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams * F + last word.
+    """
+    from preprocess.ngram_counts import NgramCounts, lookup
+
+    levels: dict[int, list[tuple[Gram, int]]] = {n: [] for n in range(1, max_n + 1)}
+    for n, gram_count in frequent:
+        levels[n].append(gram_count)
+    words_and_counts = sorted((gram[0], count) for gram, count in levels[1])
+    words = [w for w, _ in words_and_counts]
+    index = {w: i for i, w in enumerate(words)}
+    num_frequent = max(len(words), 1)
+    table = NgramCounts(words=words, keys={}, counts={1: np.array([c for _, c in words_and_counts], np.int64)},
+                        counted=dict(counted), num_positions=[0, *totals[1:]], documents=totals[0],
+                        num_words=totals[1], min_count=min_count, spilled=False)
+    for n in range(2, max_n + 1):
+        word_ids = np.array([[index[w] for w in gram] for gram, _ in levels[n]], np.int64).reshape(-1, n)
+        prefix = word_ids[:, 0]
+        for m in range(2, n):  # index of the m-word prefix among the frequent m-grams
+            prefix = lookup(table.keys[m], prefix * num_frequent + word_ids[:, m - 1])
+        keys = prefix * num_frequent + word_ids[:, n - 1]
+        order = np.argsort(keys)
+        table.keys[n] = keys[order]
+        table.counts[n] = np.array([c for _, c in levels[n]], np.int64)[order]
+    return table
+
+
+def select(_, options, files: Sequence[str], frequent, counted, totals, distinct_words: int) -> dict:
+    """Score, rank and cut with preprocess.build_vocab; return what the later stages need."""
+    from preprocess import build_vocab, masking_vocab
+
+    if totals[1] == 0:
+        raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
+    counted = {1: distinct_words, **dict(counted)}
+    table = counts_table(frequent, counted, totals, options.min_count, options.max_n)
+    # The local build's own selection and statistics, so that both paths rank and report alike.
+    selection = build_vocab.select_ngrams(table, options)
+    if not any(s.texts for s in selection.values()):
+        raise UserInputError(f"--input {' '.join(files)}: no n-gram of 2 or more words occurs "
+                             f"--min-count {options.min_count} times; give more text or lower --min-count")
+    # Coverage and elapsed time are filled in by the last stage; the key order stays the local one.
+    stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0)
+    return {
+        "texts": [t for s in selection.values() for t in s.texts],
+        "rows": [r for n, s in selection.items() for r in masking_vocab.format_rows(s.texts, n, s.counts, s.scores)],
+        "grams": {n: {tuple(w.encode("utf-8") for w in t.split(" ")) for t in s.texts} for n, s in selection.items()},
+        "stats": stats,
+    }
+
+
+def covered_words(batch: Sequence[Gram], selected: dict) -> int:
+    """Words of the batch inside at least one occurrence of a selected n-gram."""
+    covered = 0
+    for words in batch:
+        inside = bytearray(len(words))
+        for n, grams in selected["grams"].items():
+            for i in range(len(words) - n + 1):
+                if words[i:i + n] in grams:
+                    inside[i:i + n] = b"\x01" * n
+        covered += sum(inside)
+    return covered
+
+
+def write(selected: dict, output: str, started: float, covered: int) -> None:
+    from pmi_jax import storage
+    from preprocess import masking_vocab
+
+    stats = dict(selected["stats"])
+    stats["coverage"] = covered / stats["words"]
+    stats["elapsed_seconds"] = round(time.time() - started, 3)
+    with storage.atomic_directory(output, overwrite=True) as tmp:
+        masking_vocab.write_vocabulary(tmp, selected["texts"], selected["rows"], stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, options, started: float) -> None:
+    """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
+    max_n, min_count = options.max_n, options.min_count
+    batches = (pipeline
+               | "Read" >> beam_pipeline.ReadDocumentBatches(files)
+               | "Words" >> beam.Map(document_words))
+    totals = (batches
+              | "Totals" >> beam.Map(batch_totals, max_n)
+              | "SumTotals" >> beam.CombineGlobally(functools.partial(add_vectors, size=max_n + 1)))
+    words = batches | "CountWords" >> beam.FlatMap(word_counts) | "SumWords" >> beam.CombinePerKey(sum)
+    distinct_words = words | "DistinctWords" >> beam.combiners.Count.Globally()
+    frequent_words = words | "FrequentWords" >> beam.Filter(is_frequent, min_count)
+    word_side_input = beam.pvalue.AsDict(frequent_words)
+    frequent = {1: frequent_words | "AsGrams1" >> beam.Map(as_unigram)}
+    counted = []
+    for n in range(2, max_n + 1):
+        grams = (batches
+                 | f"Count{n}" >> beam.FlatMap(ngram_counts, n, word_side_input)
+                 | f"Sum{n}" >> beam.CombinePerKey(sum))
+        if n >= 3:  # for n = 2 "both words frequent" is the sub-gram rule already
+            grams = keep_where_frequent(grams, frequent[n - 1], slice(0, n - 1), f"Prefix{n}")
+            grams = keep_where_frequent(grams, frequent[n - 1], slice(1, n), f"Suffix{n}")
+        counted.append(grams | f"Counted{n}" >> beam.combiners.Count.Globally() | f"TagCounted{n}" >> beam.Map(tag, n))
+        frequent[n] = grams | f"Frequent{n}" >> beam.Filter(is_frequent, min_count)
+    all_frequent = ([frequent[n] | f"Tag{n}" >> beam.Map(tag, n) for n in frequent]
+                    | "AllFrequent" >> beam.Flatten())
+    selected = (pipeline
+                | "Start" >> beam.Create([None])
+                | "Select" >> beam.Map(select, options, list(files), frequent=beam.pvalue.AsList(all_frequent),
+                                       counted=beam.pvalue.AsList(counted | "AllCounted" >> beam.Flatten()),
+                                       totals=beam.pvalue.AsSingleton(totals),
+                                       distinct_words=beam.pvalue.AsSingleton(distinct_words)))
+    covered = (batches
+               | "Coverage" >> beam.Map(covered_words, beam.pvalue.AsSingleton(selected))
+               | "SumCoverage" >> beam.CombineGlobally(sum))
+    _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered))
+
+
+def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite: bool = False,
+                     pipeline_options=None) -> dict:
+    """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
+    from pmi_jax import storage
+    from preprocess.build_vocab import VocabOptions
+    from preprocess.documents import expand_inputs
+
+    started = time.time()
+    # The selection runs in one process: stats.json records workers=1.
+    options = dataclasses.replace(options or VocabOptions(), workers=1).validated()
+    if storage.gfile.exists(output) and not overwrite:
+        raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
+    files = expand_inputs(inputs)
+    with beam.Pipeline(options=pipeline_options or beam_pipeline.direct_runner()) as pipeline:
+        build_pipeline(pipeline, files, output, options, started)
+    with storage.gfile.GFile(storage.join(output, "stats.json")) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess.beam_vocab",
+        description="Build a masking vocabulary (as `pmi-jax vocab build`) with Apache Beam: here with the "
+        "DirectRunner, or on Dataflow. The output directory holds masking_vocab.txt, masking_vocab.tsv and "
+        "stats.json, identical to the local build's on the same input (stats.json but for elapsed_seconds).")
+    parser.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
+                        help="text files (blank lines between documents; .jsonl with a 'text' field; optionally "
+                        ".gz): paths, globs or directories, local or gs://. Each file is read by one worker: "
+                        "split a large corpus into many files")
+    parser.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
+    parser.add_argument("--measure", choices=("pmi", "pmi-p2", "naive-pmi", "frequency"), default="pmi",
+                        help="association measure (default pmi; see `pmi-jax vocab build --help`)")
+    parser.add_argument("--size", type=int, default=800_000, help="number of n-grams to select (default 800000)")
+    parser.add_argument("--min-count", type=int, default=11, help="candidates occur at least this often (default 11)")
+    parser.add_argument("--max-n", type=int, default=5, help="longest n-gram, 2 to 5 (default 5)")
+    parser.add_argument("--shares", type=_floats, default=None, metavar="S2,S3,...",
+                        help="fraction of --size per length 2..max-n, summing to 1 (default 0.5,0.25,0.125,0.125)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    beam_pipeline.add_pipeline_arguments(parser)
+    return parser
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from preprocess.build_vocab import VocabOptions
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    options = VocabOptions(measure=args.measure, size=args.size, min_count=args.min_count, max_n=args.max_n,
+                           shares=args.shares)
+    try:
+        stats = build_vocabulary(args.input, args.output, options, args.overwrite,
+                                 beam_pipeline.pipeline_options(args, extra))
+    except UserInputError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
+    print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
+          f"{stats['documents']} documents, coverage {stats['coverage']:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run through the package module, so that every function the pipeline ships to workers is
+    # importable there as preprocess.beam_vocab.*, not as __main__.*.
+    from preprocess import beam_vocab
+
+    sys.exit(beam_vocab.main())

@@ -1,0 +1,97 @@
+"""The Beam pipelines (DirectRunner) produce the local pipelines' outputs, byte for byte.
+
+The corpus is real English (the standard library's documentation, preprocess/demo_corpus.py),
+cut into a plain text file and a gzipped JSON-lines file so that both readers run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import itertools
+import json
+import os
+import pathlib
+
+import pytest
+
+from pmi_jax.errors import UserInputError
+from preprocess import beam_prepare, beam_vocab, build_vocab, prepare
+from preprocess.build_vocab import VocabOptions
+from preprocess.demo_corpus import iter_demo_documents
+
+VOCAB = VocabOptions(size=400, min_count=3, workers=1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("corpus")
+    docs = list(itertools.islice(iter_demo_documents(), 260))
+    (root / "a.txt").write_text("\n\n".join(docs[:150]) + "\n", encoding="utf-8")
+    with gzip.open(root / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": doc}) + "\n" for doc in docs[150:])
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_vocab(corpus, tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("local") / "vocab"
+    build_vocab.build_vocabulary([str(corpus)], str(out), VOCAB)
+    return out
+
+
+def direct_runner() -> list[str]:
+    return ["--runner", "DirectRunner"]
+
+
+def test_beam_vocabulary_equals_the_local_build(corpus, local_vocab, tmp_path):
+    out = tmp_path / "vocab"
+    status = beam_vocab.main(["--input", str(corpus), "--output", str(out), "--size", str(VOCAB.size),
+                              "--min-count", str(VOCAB.min_count), *direct_runner()])
+    assert status == 0
+    for name in ("masking_vocab.txt", "masking_vocab.tsv"):
+        assert (out / name).read_bytes() == (local_vocab / name).read_bytes(), name
+    beam_stats = json.loads((out / "stats.json").read_text())
+    local_stats = json.loads((local_vocab / "stats.json").read_text())
+    assert list(beam_stats) == list(local_stats)
+    assert {k: v for k, v in beam_stats.items() if k != "elapsed_seconds"} == \
+        {k: v for k, v in local_stats.items() if k != "elapsed_seconds"}
+    # Not a trivial agreement: every length is selected, and the sub-gram joins pruned n >= 3.
+    assert all(local_stats["selected"][str(n)] > 0 for n in range(2, 6))
+    assert local_stats["counted_ngrams"]["3"] > local_stats["candidates"]["3"]
+
+
+def test_beam_prepare_equals_the_local_prepare(corpus, local_vocab, tmp_path):
+    config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "local"), wordpiece_size=1500,
+                                   units=(("pmi", str(local_vocab)),), seq_len=64, validation_fraction=0.05,
+                                   shards=3, seed=7)
+    local_metadata = prepare.prepare(config)
+    beam_config = dataclasses.replace(config, output=str(tmp_path / "beam"))
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    beam_metadata = beam_prepare.prepare(beam_config, PipelineOptions(direct_runner()))
+    assert beam_metadata == local_metadata
+    local_files = sorted(os.listdir(config.output))
+    assert local_files == sorted(os.listdir(beam_config.output))
+    assert {"vocab.txt", "metadata.json", "train-00002-of-00003.tfrecord", "validation-00000-of-00001.tfrecord"} \
+        <= set(local_files)
+    for name in local_files:
+        assert (tmp_path / "beam" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    assert local_metadata["wordpiece"]["trained"] and local_metadata["units"]["pmi"]["coverage"] > 0
+
+    # A second run finds the directory complete and writes nothing.
+    before = {name: os.stat(tmp_path / "beam" / name).st_mtime_ns for name in local_files}
+    assert beam_prepare.prepare(beam_config, PipelineOptions(direct_runner())) == local_metadata
+    assert before == {name: os.stat(tmp_path / "beam" / name).st_mtime_ns for name in local_files}
+
+
+def test_existing_vocabulary_output_is_refused_before_any_work(corpus, local_vocab):
+    with pytest.raises(UserInputError, match="already exists"):
+        beam_vocab.build_vocabulary([str(corpus)], str(local_vocab), VOCAB)
+
+
+@pytest.mark.parametrize("module", [beam_vocab, beam_prepare])
+def test_help_documents_the_dataflow_flags(module):
+    text = module.build_parser().format_help()
+    for flag in ("--runner", "DataflowRunner", "--project", "--region", "--temp_location", "--machine_type",
+                 "--setup_file", "--requirements_file", "--input", "--output"):
+        assert flag in text, flag
