@@ -82,33 +82,19 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
-    from preprocess import corpus_format, documents, prepare as local, wordpiece
+    from preprocess import prepare as local, wordpiece
 
-    # Plan as the local run does (preprocess.prepare.prepare, up to its shard loop).
-    local.check_config(config)
-    files = documents.expand_inputs(config.inputs)
-    given = wordpiece.load_vocab(config.wordpiece) if config.wordpiece is not None else None
-    units = local.load_unit_vocabularies(config.units)
-    scan = local.scan_corpus(files)
-    if scan.documents == 0:
-        raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
-    is_validation = local.assign_documents(scan.documents, config.validation_fraction, config.seed)
-    counts = local.shard_counts(config, scan, is_validation)
-    wordpiece_id = ({"sha256": wordpiece.vocab_sha256(given)} if given is not None
-                    else {"trained_size": config.wordpiece_size})
-    fingerprint = local.config_fingerprint(config, scan, wordpiece_id, units, counts)
-    done = local.claim_output(config.output, fingerprint, config.overwrite)
-    if done is not None:
-        return done
-
-    vocab_txt = corpus_format.vocab_path(config.output)
+    plan = local.plan_prepare(config)
+    if not isinstance(plan, local.PreparePlan):
+        return plan  # already complete
+    given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
+    files = plan.scan.files
     if given is not None:
         with storage.atomic_file(vocab_txt) as f:
             f.write(wordpiece.vocab_text(given))
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
-    tasks = local.shard_tasks(is_validation, counts)
-    todo = [(t.split, t.index) for t in tasks if not local._is_done(config.output, t)]
-    context = local.WorkerContext(config.output, vocab_txt, config.units, config.seq_len, config.seed, scan)
+    todo = [(t.split, t.index) for t in plan.todo]
+    context = plan.worker_context()
     with beam.Pipeline(options=pipeline_options or beam_pipeline.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
@@ -122,16 +108,10 @@ def prepare(config, pipeline_options=None) -> dict:
         _ = (pipeline
              | "Shards" >> beam.Create(todo)
              | "Spread" >> beam.Reshuffle()
-             | "Write" >> beam.ParDo(WriteShards(context, config.validation_fraction, config.seed, counts),
+             | "Write" >> beam.ParDo(WriteShards(context, config.validation_fraction, config.seed, plan.shard_counts),
                                      vocab_ready=beam.pvalue.AsSingleton(vocab_ready)))
 
-    # Finish as the local run does, with its own bookkeeping: metadata.json last, then tidy up.
-    tokens = wordpiece.load_vocab(vocab_txt)
-    metadata = local._metadata(config, scan, tokens, given is None, units, tasks, fingerprint)
-    local._write_json(corpus_format.metadata_path(config.output), metadata)
-    local._remove(storage.join(config.output, local._PROGRESS))
-    local._remove(storage.join(config.output, local._MARKER))
-    return metadata
+    return local.finish_prepare(plan)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,8 +413,33 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
     return tokens
 
 
-def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | None = None) -> dict:
-    """Prepare (or finish preparing) `config.output`; return its metadata."""
+@dataclasses.dataclass(frozen=True)
+class PreparePlan:
+    """What a run must do, decided before any shard is written; shared by the local and Beam runners."""
+    config: PrepareConfig
+    scan: CorpusScan
+    given_wordpiece: list[str] | None  # None: train one on the corpus
+    units: dict
+    fingerprint: str
+    shard_counts: dict[str, int]  # shards per split
+    tasks: list[ShardTask]  # every shard of the output
+    todo: list[ShardTask]   # those not yet written (all of them, unless resuming)
+
+    @property
+    def vocab_txt(self) -> str:
+        return corpus_format.vocab_path(self.config.output)
+
+    def worker_context(self) -> WorkerContext:
+        c = self.config
+        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan)
+
+
+def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
+    """Check the inputs, claim the output and list the shards still to write.
+
+    Returns the finished metadata instead when `config.output` is already prepared with this
+    exact configuration, so a rerun of a complete job does nothing.
+    """
     check_config(config)
     files = documents.expand_inputs(config.inputs)
     given = wordpiece.load_vocab(config.wordpiece) if config.wordpiece is not None else None
@@ -432,21 +457,33 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
     if done is not None:
         log.info("%s: already prepared with this configuration", config.output)
         return done
-    tokens = _install_wordpiece(config, scan, given)
-    vocab_txt = corpus_format.vocab_path(config.output)
-
     tasks = shard_tasks(is_validation, counts)
     todo = [t for t in tasks if not _is_done(config.output, t)]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
-    context = WorkerContext(config.output, vocab_txt, config.units, config.seq_len, config.seed, scan)
-    _run_tasks(context, todo, config.workers, on_shard_done)
+    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo)
 
-    metadata = _metadata(config, scan, tokens, given is None, units, tasks, fingerprint)
-    _write_json(corpus_format.metadata_path(config.output), metadata)
-    _remove(storage.join(config.output, _PROGRESS))
-    _remove(storage.join(config.output, _MARKER))
+
+def finish_prepare(plan: PreparePlan) -> dict:
+    """Once every shard is written: metadata.json last (it marks the directory complete), then tidy up."""
+    output = plan.config.output
+    tokens = wordpiece.load_vocab(plan.vocab_txt)
+    metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
+                         plan.fingerprint)
+    _write_json(corpus_format.metadata_path(output), metadata)
+    _remove(storage.join(output, _PROGRESS))
+    _remove(storage.join(output, _MARKER))
     return metadata
+
+
+def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | None = None) -> dict:
+    """Prepare (or finish preparing) `config.output`; return its metadata."""
+    plan = plan_prepare(config)
+    if not isinstance(plan, PreparePlan):
+        return plan
+    _install_wordpiece(config, plan.scan, plan.given_wordpiece)
+    _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done)
+    return finish_prepare(plan)
 
 
 def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
