@@ -50,6 +50,9 @@ def demo() -> None:
     run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab"),
         "--size", "20000", "--min-count", "5", "--overwrite")
     run(cli, "vocab", "show", str(out / "vocab"), "--top", "8")
+    run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
+        "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
+    run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
 
 
 def test(pytest_args: list[str]) -> None:
