@@ -1,0 +1,409 @@
+"""seqio Tasks for the six masking schemes over a prepared corpus (DESIGN §5), and the
+training input pipeline built on them.
+
+    names = register_corpus("wiki", data_dir)      # ["wiki_random_token", ..., "wiki_pmi"]
+    task = seqio.get_mixture_or_task("wiki_pmi")
+    ds = task.get_dataset({"inputs": 512}, split="train", seed=0, num_epochs=None)
+    # examples: inputs, targets, units int32 [L]; weights float32 [L]; L = the corpus's seq_len,
+    # padded past the sequence's end with [PAD] = 0 (units -1, weights 0); shard, position, epoch
+
+    ds = get_dataset(data_dir, "pmi", "train", seq_len=512, batch_size=32, seed=0,
+                     shard_index=jax.process_index(), num_shards=jax.process_count(),
+                     start_step=step)
+    # batches: inputs, targets, input_mask int32 [B, L]; weights float32 [B, L]; padded with 0
+
+`get_dataset` is what the trainer uses: the task's examples through `MlmFeatureConverter`,
+batched. `batch_size` is this host's batch; the stream is infinite unless `num_epochs` is
+given, and `start_step` resumes exactly where a run that had consumed `start_step` batches
+stopped.
+
+Determinism. An example is identified by (shard, position): the index of its file in the
+split's file list and its record index in that file, fixed when the corpus is prepared. Its
+mask is a function of (seed, shard, position, epoch) only (`masking.example_keys`), whatever
+host reads it and wherever it lands in a batch. The order is a function of the seed too;
+epoch e of one host is:
+  1. the host's files: every num_shards-th file from shard_index (with fewer files than
+     hosts, every file, and every num_shards-th record below), in a random order drawn
+     from (seed, e);
+  2. their records interleaved record by record, up to 16 files at a time;
+  3. shuffled inside consecutive windows of `shuffle_buffer_size` records, each window's
+     permutation drawn from (seed, e, window) (stateless, so TensorFlow's global seed
+     plays no part);
+  4. parsed and masked, `MASK_BATCH` records at a time (every op works on a whole batch;
+     each row is masked on its own key, so batching changes no mask).
+Resuming at `start_step` starts at epoch (start_step * batch_size) // N and skips the rest
+of that product modulo N as raw records (read, never parsed or masked), where N is the
+number of records the host reads per epoch, counted from its files when resuming.
+Without shuffling (`shuffle=False`: evaluation, `data dump`) files are read one after the
+other in order.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Mapping, Sequence
+
+import seqio
+import tensorflow as tf
+
+from pmi_jax import masking, storage
+from pmi_jax.errors import UserInputError
+from pmi_jax.feature_converters import MlmFeatureConverter
+from pmi_jax.vocabularies import WordPieceVocabulary
+from preprocess import corpus_format
+
+SHUFFLE_BUFFER_SIZE = 10_000  # records per shuffle window: ~50 MB of 512-token records
+MASK_BATCH = 128  # records parsed and masked per op call
+_INTERLEAVED_FILES = 16
+_TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
+# Tags that keep the random streams of file order and window order apart from the masks.
+_FILE_ORDER, _WINDOW_ORDER = 1, 2
+_FOREVER = 2**62
+
+
+class PreparedCorpus:
+    """A prepared data directory: its metadata, vocabulary and shard files, validated once."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.metadata = corpus_format.read_metadata(data_dir)
+        self.seq_len = int(self.metadata["seq_len"])
+        self.unit_names = tuple(sorted(self.metadata.get("units", {})))
+        self.vocabulary = WordPieceVocabulary(corpus_format.vocab_path(data_dir))
+        self.special_ids = self.vocabulary.special_ids
+        recorded = {k: self.metadata["special_ids"].get(k) for k in self.special_ids}
+        if recorded != self.special_ids:
+            raise UserInputError(f"{data_dir}: metadata.json special_ids {recorded} disagree with vocab.txt "
+                                 f"{self.special_ids}")
+
+    @property
+    def schemes(self) -> list[str]:
+        """The schemes this corpus supports: the PMI family needs its prepared units."""
+        return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names]
+
+    def check_scheme(self, scheme: str) -> None:
+        if scheme not in masking.SCHEMES:
+            raise UserInputError(f"--scheme {scheme}: unknown; choose one of {', '.join(masking.SCHEMES)}")
+        if scheme not in self.schemes:
+            prepared = ", ".join(self.unit_names) or "none"
+            raise UserInputError(
+                f"--scheme {scheme}: {self.data_dir} was prepared without a '{scheme}' masking vocabulary "
+                f"(no units_{scheme} feature; prepared unit vocabularies: {prepared})"
+            )
+
+    def check_seq_len(self, seq_len: int | None) -> None:
+        if seq_len is not None and seq_len < self.seq_len:
+            raise UserInputError(
+                f"sequence length {seq_len}: {self.data_dir} holds sequences of up to {self.seq_len} tokens; "
+                f"prepare the corpus with --seq-len {seq_len} to train on shorter ones"
+            )
+
+    def files(self, split: str) -> list[str]:
+        splits = self.metadata.get("splits", {})
+        if split not in splits or not splits[split].get("files"):
+            present = ", ".join(s for s in splits if splits[s].get("files")) or "none"
+            raise UserInputError(f"--split {split}: {self.data_dir} has no such split (splits with data: {present})")
+        return [storage.join(self.data_dir, name) for name in splits[split]["files"]]
+
+    @staticmethod
+    def unit_names_for(scheme: str) -> list[str]:
+        """The prepared unit features masking under `scheme` reads (besides ids and words)."""
+        return [scheme] if scheme in masking.PREPARED_UNIT_FEATURES else []
+
+    @functools.cached_property
+    def regular_ids(self) -> list[int]:
+        """Every id but the special ones: what a random replacement may draw."""
+        special = set(self.special_ids.values())
+        return [i for i in range(self.vocabulary.vocab_size) if i not in special]
+
+
+def _count_records(paths: Sequence[str]) -> int:
+    return int(tf.data.TFRecordDataset(list(paths)).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+class PreparedCorpusSource(seqio.DataSource):
+    """Records of one split, epoch after epoch, each with its identity: a seqio DataSource.
+
+    Elements: `record` (the serialized tf.train.Example) and int64 scalars `seed`, `epoch`,
+    `shard`, `position` (see the module docstring); `mask_examples` parses and masks them.
+    Epochs are produced here, not by seqio's `repeat`, so that each carries its number and
+    gets fresh masks; `MlmTask` passes `num_epochs` through. Every per-record step is a
+    built-in tf.data transformation (zip, interleave, skip, batch), never a Python function.
+    """
+
+    def __init__(
+        self,
+        corpus: PreparedCorpus,
+        unit_names: Sequence[str],
+        *,
+        shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
+        num_epochs: int | None = 1,
+        start_example: int = 0,
+    ):
+        splits = [s for s in corpus_format.SPLITS if corpus.metadata.get("splits", {}).get(s, {}).get("files")]
+        super().__init__(splits=splits, caching_permitted=False, performs_internal_shuffling=True)
+        self.corpus = corpus
+        self.unit_names = tuple(unit_names)
+        self.shuffle_buffer_size = shuffle_buffer_size
+        self.num_epochs = num_epochs
+        self.start_example = start_example
+
+    def replace(self, **changes) -> "PreparedCorpusSource":
+        kwargs = dict(shuffle_buffer_size=self.shuffle_buffer_size, num_epochs=self.num_epochs,
+                      start_example=self.start_example)
+        kwargs.update(changes)
+        return PreparedCorpusSource(self.corpus, self.unit_names, **kwargs)
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return True  # any number of hosts: by file when there are enough files, else by record
+
+    def list_shards(self, split: str) -> list[str]:
+        return self.corpus.files(split)
+
+    def num_input_examples(self, split: str) -> int:
+        return int(self.corpus.metadata["splits"][split]["sequences"])
+
+    def _host_files(self, split: str, shard_info: seqio.ShardInfo | None):
+        """(file indices this host reads, record stride or None) under `shard_info`."""
+        num_files = len(self.corpus.files(split))
+        if shard_info is None or shard_info.num_shards == 1:
+            return list(range(num_files)), None
+        if num_files >= shard_info.num_shards:
+            return list(range(shard_info.index, num_files, shard_info.num_shards)), None
+        return list(range(num_files)), shard_info
+
+    def epoch_size(self, split: str, shard_info: seqio.ShardInfo | None) -> int:
+        """Records this host reads per epoch (counted by reading its files)."""
+        files = self.corpus.files(split)
+        file_ids, record_shard = self._host_files(split, shard_info)
+        total = _count_records([files[i] for i in file_ids])
+        if record_shard is None:
+            return total
+        return len(range(record_shard.index, total, record_shard.num_shards))
+
+    def _epoch_records(self, split, epoch, seed, shuffle, shard_info) -> tf.data.Dataset:
+        """Serialized records of one epoch on this host, with their identity."""
+        files = self.corpus.files(split)
+        file_ids, record_shard = self._host_files(split, shard_info)
+        ids = tf.constant(file_ids, tf.int64)
+        if shuffle:
+            key = masking.example_keys(tf.constant(seed, tf.int64), tf.constant(_FILE_ORDER, tf.int64), epoch)
+            ids = tf.random.experimental.stateless_shuffle(ids, tf.cast(key, tf.int64))
+        paths = tf.gather(tf.constant(files), ids)
+
+        def read(shard, path):
+            constant = lambda value: tf.data.Dataset.from_tensors(tf.cast(value, tf.int64)).repeat()
+            return tf.data.Dataset.zip({
+                "record": tf.data.TFRecordDataset(path), "position": tf.data.Dataset.range(_FOREVER),
+                "shard": constant(shard), "epoch": constant(epoch), "seed": constant(seed),
+            })
+
+        records = tf.data.Dataset.from_tensor_slices((ids, paths)).interleave(
+            read,
+            cycle_length=min(len(file_ids), _INTERLEAVED_FILES) if shuffle else 1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        if record_shard is not None:
+            records = records.shard(record_shard.num_shards, record_shard.index)
+        if shuffle:
+            key = masking.example_keys(tf.constant(seed, tf.int64), tf.constant(_WINDOW_ORDER, tf.int64), epoch)
+            records = _window_shuffle(records, self.shuffle_buffer_size, key)
+        return records
+
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: seqio.ShardInfo | None = None,
+        *,
+        sequence_length=None,  # unused
+        use_cached: bool = False,  # unused
+        num_epochs: int | None = 1,  # unused: set with `replace(num_epochs=...)`
+    ) -> tf.data.Dataset:
+        seed = 0 if seed is None else int(seed)
+        if seed < 0:
+            raise UserInputError(f"seed {seed}: must be >= 0")
+        first_epoch, skip = 0, 0
+        if self.start_example:
+            first_epoch, skip = divmod(self.start_example, self.epoch_size(split, shard_info))
+        last_epoch = _FOREVER if self.num_epochs is None else self.num_epochs
+        first_epoch = min(first_epoch, last_epoch)  # resumed past the end: nothing left
+
+        def epoch_records(epoch):
+            records = self._epoch_records(split, epoch, seed, shuffle, shard_info)
+            return records.skip(tf.where(epoch == first_epoch, tf.constant(skip, tf.int64), 0))
+
+        return tf.data.Dataset.range(first_epoch, last_epoch).flat_map(epoch_records)
+
+
+def _window_shuffle(records: tf.data.Dataset, window: int, key: tf.Tensor) -> tf.data.Dataset:
+    """Shuffle inside consecutive windows of `window` elements, window w by (key, w)."""
+
+    def permute(w, batch):
+        window_key = tf.cast(masking.example_keys(key[0], key[1], w), tf.int64)
+        perm = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(batch["record"])[0]), window_key)
+        return {k: tf.gather(v, perm) for k, v in batch.items()}
+
+    return records.batch(window).enumerate().map(permute).unbatch()
+
+
+def parse_records(records_B: tf.Tensor, unit_names: Sequence[str], seq_len: int) -> dict[str, tf.Tensor]:
+    """Serialized records -> int32 [B, seq_len] features: `input_ids` padded with 0, the
+    index features (`word_ids`, `units_<name>`) with -1."""
+    features = tf.io.parse_example(records_B, corpus_format.feature_spec(unit_names))
+    return {
+        name: tf.cast(values.to_tensor(0 if name == corpus_format.INPUT_IDS else -1, shape=[None, seq_len]), tf.int32)
+        for name, values in features.items()
+    }
+
+
+def mask_examples(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int] | None = None,
+    *,
+    scheme: str,
+    corpus: PreparedCorpus,
+) -> tf.data.Dataset:
+    """seqio preprocessor: records -> masked examples padded to the corpus's seq_len.
+
+    Works `MASK_BATCH` records at a time; each example is masked with its own key from
+    (seed, shard, position, epoch).
+    """
+    if sequence_length:
+        corpus.check_seq_len(sequence_length.get("inputs"))
+    unit_names = corpus.unit_names_for(scheme)
+    mask_id = corpus.special_ids["mask"]
+    regular_ids = corpus.regular_ids
+
+    def mask(batch):
+        features = parse_records(batch["record"], unit_names, corpus.seq_len)
+        keys = masking.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])
+        masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
+                                    regular_ids_V=tf.constant(regular_ids, tf.int32))
+        return {**masked, **{k: batch[k] for k in ("shard", "position", "epoch")}}
+
+    return dataset.batch(MASK_BATCH).map(mask, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+
+class MlmTask(seqio.Task):
+    """A seqio Task whose source counts the epochs, so that each epoch is masked afresh.
+
+    seqio repeats a task's examples itself and would hand the masking the same example
+    twice without telling it the epoch; here `num_epochs` goes to the source instead.
+    """
+
+    def get_dataset(
+        self,
+        sequence_length: Mapping[str, int] | None = None,
+        split: str = "train",
+        use_cached: bool = False,
+        shuffle: bool = True,
+        shuffle_buffer_size: int | None = None,
+        seed: int | None = None,
+        shard_info: seqio.ShardInfo | None = None,
+        num_epochs: int | None = 1,
+        trim_output_features: bool = True,
+        try_in_mem_cache: bool = False,
+    ) -> tf.data.Dataset:
+        source = self.source.replace(num_epochs=num_epochs)
+        if shuffle_buffer_size:
+            source = source.replace(shuffle_buffer_size=shuffle_buffer_size)
+        once = seqio.Task(self.name, source, self.output_features, self.preprocessors, shuffle_buffer_size=None)
+        return once.get_dataset(
+            sequence_length, split, use_cached=False, shuffle=shuffle, seed=seed, shard_info=shard_info,
+            num_epochs=1, trim_output_features=trim_output_features, try_in_mem_cache=False,
+        )
+
+
+def output_features(corpus: PreparedCorpus) -> dict[str, seqio.Feature]:
+    vocab = corpus.vocabulary
+    return {
+        "inputs": seqio.Feature(vocab, add_eos=False),
+        "targets": seqio.Feature(vocab, add_eos=False),
+        "weights": seqio.Feature(seqio.PassThroughVocabulary(1), add_eos=False, dtype=tf.float32),
+        "units": seqio.Feature(seqio.PassThroughVocabulary(corpus.seq_len), add_eos=False),
+    }
+
+
+def make_task(name: str, corpus: PreparedCorpus, scheme: str, **source_options) -> MlmTask:
+    """The (unregistered) seqio Task of `scheme` over `corpus`."""
+    corpus.check_scheme(scheme)
+    source = PreparedCorpusSource(corpus, corpus.unit_names_for(scheme), **source_options)
+    return MlmTask(
+        name, source, output_features(corpus),
+        preprocessors=[functools.partial(mask_examples, scheme=scheme, corpus=corpus)],
+        shuffle_buffer_size=None,
+    )
+
+
+def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = None) -> list[str]:
+    """Register one seqio Task per masking scheme, `{name}_{scheme}`; return their names.
+
+    By default every scheme the corpus supports (random_token, whole_word and random_span
+    always, a PMI-family scheme when its `units_<scheme>` feature was prepared); asking for
+    a scheme the corpus lacks is a UserInputError. Registering a name again replaces it.
+    """
+    if not _TASK_NAME.match(name):
+        raise UserInputError(f"task name {name!r}: use letters, digits, '_', '.' and ':' only")
+    corpus = PreparedCorpus(data_dir)
+    schemes = corpus.schemes if schemes is None else list(schemes)
+    for scheme in schemes:
+        corpus.check_scheme(scheme)
+    names = []
+    for scheme in schemes:
+        task = make_task(f"{name}_{scheme}", corpus, scheme)
+        seqio.TaskRegistry.remove(task.name)
+        seqio.TaskRegistry.add_provider(task.name, task)
+        names.append(task.name)
+    return names
+
+
+def task_feature_lengths(seq_len: int) -> dict[str, int]:
+    """What `MlmFeatureConverter` takes: every task feature padded to `seq_len`."""
+    return {k: seq_len for k in MlmFeatureConverter.TASK_FEATURES}
+
+
+def get_dataset(
+    data_dir: str,
+    scheme: str,
+    split: str = "train",
+    seq_len: int | None = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    *,
+    num_epochs: int | None = None,
+    shuffle: bool = True,
+    shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
+    drop_remainder: bool = True,
+) -> tf.data.Dataset:
+    """This host's batches of masked sequences: inputs, targets, input_mask int32 [B, L] and
+    weights float32 [B, L], L = seq_len (default: the corpus's), padded with [PAD] = 0.
+
+    `batch_size` is per host; `start_step` batches are skipped exactly and cheaply (see the
+    module docstring). Infinite unless `num_epochs` is given.
+    """
+    if batch_size < 1:
+        raise UserInputError(f"batch size {batch_size}: must be at least 1")
+    if not 0 <= shard_index < num_shards:
+        raise UserInputError(f"shard {shard_index} of {num_shards}: need 0 <= shard_index < num_shards")
+    if start_step < 0:
+        raise UserInputError(f"start step {start_step}: must be >= 0")
+    corpus = PreparedCorpus(data_dir)
+    seq_len = seq_len or corpus.seq_len
+    corpus.check_seq_len(seq_len)
+    corpus.files(split)
+    task = make_task(f"{scheme}_input", corpus, scheme, shuffle_buffer_size=shuffle_buffer_size,
+                     start_example=start_step * batch_size)
+    lengths = task_feature_lengths(seq_len)
+    ds = task.get_dataset(
+        lengths, split, shuffle=shuffle, seed=seed, shard_info=seqio.ShardInfo(shard_index, num_shards),
+        num_epochs=num_epochs, trim_output_features=False,  # lengths hold by construction
+    )
+    ds = MlmFeatureConverter(apply_length_check=False)(ds, lengths)
+    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
