@@ -68,7 +68,7 @@ def python_pmi_mask(input_ids, units, rng, mask_id, regular_ids):
             groups.setdefault(u, []).append(i)
     unit_list = list(groups.values())
     num_tokens = sum(len(g) for g in unit_list)
-    budget = max(1, (3 * num_tokens + 10) // 20)
+    budget = max(1, 15 * num_tokens // 100)
     rng.shuffle(unit_list)
     inputs, weights, covered = input_ids.copy(), np.zeros(len(input_ids), np.float32), 0
     for group in unit_list:
