@@ -1,0 +1,135 @@
+"""`pmi-jax train`: pretrain BERT with a masking scheme on a prepared corpus.
+
+    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi \\
+        --set train.num_steps=300 --set model.dtype=bfloat16
+
+Run the same command on every host of a TPU pod slice: jax.distributed is initialised from
+the environment there. The run resumes from the latest checkpoint in --workdir.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+
+from pmi_jax.errors import UserInputError
+
+SYNTHETIC = "synthetic"
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="pretrain BERT (MLM) on a prepared corpus with one masking scheme",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True,
+                        help="experiment config: a name in configs/ (tiny, small, base, large) or a path to a .py "
+                             "file whose get_config() returns an ExperimentConfig")
+    parser.add_argument("--data", default=None,
+                        help="prepared corpus directory (local or gs://) holding metadata.json, vocab.txt and the "
+                             f"TFRecords; '{SYNTHETIC}' trains on a built-in topic-model toy corpus (needs "
+                             "model.vocab_size and data.seq_len set). Default: the config's data.data_dir")
+    parser.add_argument("--scheme", default=None,
+                        help="masking scheme: random_token, whole_word, random_span, frequency, naive_pmi or pmi "
+                             "(the last three need that masking vocabulary in the corpus). Default: the config's")
+    parser.add_argument("--workdir", required=True,
+                        help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
+                             "checkpoint of the same model is resumed")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field, e.g. --set model.num_layers=4 --set train.batch_size=64 "
+                             "--set mesh.model=2 (repeatable)")
+    parser.add_argument("positional_overrides", nargs="*", metavar="FIELD=VALUE",
+                        help="more overrides, same syntax as --set")
+    parser.add_argument("--peak-flops", type=float, default=None,
+                        help="peak FLOP/s of one device for the MFU metric (default: looked up for TPU v4/v5e/v5p/"
+                             "v6e, A100, H100, H200; MFU is not reported for other devices)")
+    parser.add_argument("--coordinator-address", default=None,
+                        help="host:port of process 0, for multi-process runs outside TPU/SLURM environments "
+                             "(with --num-processes and --process-id)")
+    parser.add_argument("--num-processes", type=int, default=None, help="number of processes in the job")
+    parser.add_argument("--process-id", type=int, default=None, help="index of this process, 0-based")
+    parser.set_defaults(func=run)
+
+
+def config_path(name_or_path: str) -> str:
+    """`tiny` -> configs/tiny.py next to the pmi_jax package (editable or installed); paths as given."""
+    if name_or_path.endswith(".py") or os.sep in name_or_path:
+        if not os.path.exists(name_or_path):
+            raise UserInputError(f"--config {name_or_path}: no such file")
+        return name_or_path
+    import pmi_jax
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(pmi_jax.__file__))), "configs",
+                        f"{name_or_path}.py")
+    if not os.path.exists(path):
+        raise UserInputError(f"--config {name_or_path}: no {path} (try tiny, small, base, large or a .py path)")
+    return path
+
+
+def load_config(name_or_path: str):
+    """Execute the config file and return its get_config()."""
+    path = config_path(name_or_path)
+    spec = importlib.util.spec_from_file_location(f"pmi_jax_config_{os.path.basename(path)[:-3]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UserInputError(f"--config {name_or_path}: {path} defines no get_config()")
+    return module.get_config()
+
+
+def _initialize_distributed(args) -> None:
+    import jax
+
+    if args.coordinator_address or args.num_processes:
+        if args.coordinator_address is None or args.num_processes is None or args.process_id is None:
+            raise UserInputError("--coordinator-address, --num-processes and --process-id go together")
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        return
+    try:
+        jax.distributed.initialize()  # TPU pod slices, SLURM, ... configure themselves
+    except (ValueError, RuntimeError) as e:
+        logging.info("single process (jax.distributed not initialised: %s)", str(e).splitlines()[0])
+
+
+def run(args) -> int:
+    import dataclasses
+
+    for noisy in ("absl", "jax"):  # Orbax's per-save INFO lines and JAX's backend probing drown the metrics
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from pmi_jax.config import apply_overrides
+
+    config = load_config(args.config)
+    config = apply_overrides(config, list(args.overrides) + list(args.positional_overrides))
+    data = dataclasses.replace(config.data, data_dir=args.data if args.data is not None else config.data.data_dir,
+                               scheme=args.scheme or config.data.scheme)
+    train_config = config.train if args.peak_flops is None else dataclasses.replace(
+        config.train, peak_flops=args.peak_flops)
+    config = dataclasses.replace(config, data=data, train=train_config)
+    if not config.data.data_dir:
+        raise UserInputError("no corpus: pass --data DIR (or set data.data_dir in the config)")
+
+    from pmi_jax import train
+
+    if config.data.data_dir == SYNTHETIC:
+        if not (config.model.vocab_size and config.data.seq_len):
+            raise UserInputError(f"--data {SYNTHETIC} needs model.vocab_size and data.seq_len set (via --set)")
+        corpus = None
+        source = train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size,
+                                        seed=config.data.seed)
+    else:
+        corpus = train.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split)
+        config = train.configure_for_corpus(config, corpus)
+        source = train.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split, config.data.seq_len,
+                                   config.train.batch_size, config.data.seed)
+    _initialize_distributed(args)
+    try:
+        result = train.train(config, args.workdir, source, corpus)
+    except train.NonFiniteLoss as e:
+        print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
+        return 1
+    if result.status == "preempted":
+        print(f"pmi-jax train: preempted at step {result.step}; checkpoint saved, rerun the same command to resume",
+              file=sys.stderr)
+    return 0

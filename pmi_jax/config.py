@@ -1,0 +1,200 @@
+"""Experiment configuration: one frozen dataclass tree per run, overridable from the command line.
+
+An experiment file in `configs/` is a plain Python file whose `get_config()` returns an
+`ExperimentConfig`; it chooses the model size, the corpus, the masking scheme and every
+training hyper-parameter. `apply_overrides` then edits any field by its dotted name
+(`model.num_layers=2`, `train.batch_size=64`), parsing the value according to the field's
+declared type, so that a typo in a name or a value fails before anything is compiled.
+
+This module imports nothing heavier than the standard library: the CLI reads configs
+before it pays for JAX.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import typing
+from typing import Any
+
+from pmi_jax.errors import UserInputError
+
+# Masking schemes (DESIGN.md §5), defined once here for the CLI and pmi_jax.masking. The PMI
+# family needs a prepared unit vocabulary of the same name; the others work on any corpus.
+SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")
+UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """BERT encoder sizes (Devlin et al. 2019); parameters are always float32.
+
+    `dtype` is the compute dtype of activations and matmuls ("float32" or "bfloat16");
+    softmax, LayerNorm statistics, logits and the loss stay in float32.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int = 2
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise UserInputError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise UserInputError(f"model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which prepared corpus and masking scheme feed the model.
+
+    0 in `seq_len` (and in `model.vocab_size`) means: take it from the corpus.
+    """
+
+    data_dir: str = ""
+    scheme: str = "pmi"  # random_token, whole_word, random_span, frequency, naive_pmi, pmi
+    split: str = "train"
+    seq_len: int = 0
+    seed: int = 0  # masking and shuffling; independent of train.seed
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with the paper's (Table 5) hyper-parameters; warmup then linear decay to zero."""
+
+    peak_learning_rate: float = 1e-4
+    warmup_steps: int = 10_000
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip_norm: float = 1.0  # 0 disables clipping
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (scanned inside one jit)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh shape and the logical-axis -> mesh-axis rules.
+
+    Axis sizes: -1 on exactly one axis means "all remaining devices". `fsdp` shards the
+    parameters and optimizer state along `embed` and the batch along with `data`.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+    # (logical axis, mesh axis or axes or None). Parameters use vocab/embed/heads/kv/mlp,
+    # activations batch/length/embed/heads/kv/mlp/vocab.
+    rules: tuple = (
+        ("batch", ("data", "fsdp")),
+        ("length", None),
+        ("vocab", "model"),
+        ("embed", "fsdp"),
+        ("heads", "model"),
+        ("kv", None),
+        ("mlp", "model"),
+        ("position", None),
+        ("token_type", None),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 10_000  # 0: only at the end (and on SIGTERM)
+    keep: int = 3  # the most recent checkpoints kept; older ones are deleted
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 256  # global: sequences per optimizer step, summed over hosts
+    num_steps: int = 1_000_000
+    seed: int = 0  # parameter init and dropout; the data has its own seed
+    log_every_steps: int = 100
+    peak_flops: float = 0.0  # per device; 0 = look up the device kind
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    mesh: MeshConfig = MeshConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    train: TrainConfig = TrainConfig()
+
+
+def to_dict(config) -> dict:
+    """A JSON-ready dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in d.items() if k in names})
+
+
+def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
+    """Apply `section.field=value` edits in order; values are parsed by the field's type."""
+    for item in overrides:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise UserInputError(f"override {item!r}: expected FIELD=VALUE, e.g. model.num_layers=2")
+        config = _replace_path(config, name.strip().split("."), raw.strip(), item)
+    return config
+
+
+def _replace_path(obj, path: list[str], raw: str, item: str):
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    head = path[0]
+    if head not in fields:
+        raise UserInputError(
+            f"override {item!r}: {type(obj).__name__} has no field {head!r} (fields: {', '.join(fields)})")
+    current = getattr(obj, head)
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise UserInputError(f"override {item!r}: {head!r} is not a section")
+        return dataclasses.replace(obj, **{head: _replace_path(current, path[1:], raw, item)})
+    if dataclasses.is_dataclass(current):
+        raise UserInputError(f"override {item!r}: {head!r} is a section; name one of its fields")
+    hint = typing.get_type_hints(type(obj))[head]
+    return dataclasses.replace(obj, **{head: _parse_value(raw, hint, item)})
+
+
+def _parse_value(raw: str, hint, item: str) -> Any:
+    if hint is str:
+        return raw
+    if hint is bool:
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise UserInputError(f"override {item!r}: expected true or false")
+    try:
+        value = _tuples(ast.literal_eval(raw))
+    except (ValueError, SyntaxError):
+        raise UserInputError(f"override {item!r}: cannot parse {raw!r} as {getattr(hint, '__name__', hint)}")
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # 1e6 steps
+    if not isinstance(hint, type) or not isinstance(value, hint) or isinstance(value, bool):
+        raise UserInputError(f"override {item!r}: {raw!r} is not a valid {getattr(hint, '__name__', hint)}")
+    return value
+
+
+def _tuples(value):
+    """Lists from the command line become tuples, so configs stay immutable and hashable."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,42 @@
+"""The optax chain of BERT pretraining: clip, AdamW with masked weight decay, warmup + decay.
+
+Gradient accumulation is not an optax wrapper here: `pmi_jax.train` scans over
+micro-batches inside one jitted step and applies this optimizer once to the summed
+gradient, so one optimizer step is one data step, and the checkpointed data position is
+simply the step.
+"""
+from __future__ import annotations
+
+import jax
+import optax
+
+from pmi_jax.config import OptimizerConfig
+
+# Parameter leaf names that are biases or LayerNorm gains/offsets: no weight decay
+# (Devlin et al.'s AdamWeightDecayOptimizer excludes "LayerNorm" and "bias").
+_NO_DECAY_LEAVES = ("bias", "scale", "output_bias")
+
+
+def learning_rate_schedule(config: OptimizerConfig, num_steps: int) -> optax.Schedule:
+    """0 -> peak linearly over `warmup_steps`, then peak -> 0 linearly at `num_steps`."""
+    warmup = optax.linear_schedule(0.0, config.peak_learning_rate, config.warmup_steps)
+    decay = optax.linear_schedule(config.peak_learning_rate, 0.0, max(num_steps - config.warmup_steps, 1))
+    return optax.join_schedules([warmup, decay], boundaries=[config.warmup_steps])
+
+
+def weight_decay_mask(params):
+    """True for the leaves that get weight decay: every weight matrix and embedding table."""
+
+    def decays(path, _):
+        return getattr(path[-1], "key", None) not in _NO_DECAY_LEAVES
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+    schedule = learning_rate_schedule(config, num_steps)
+    adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                        weight_decay=config.weight_decay, mask=weight_decay_mask)
+    if config.grad_clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+    return adamw

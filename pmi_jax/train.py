@@ -1,0 +1,509 @@
+"""The pretraining loop: sharded BERT MLM steps, checkpoints, metrics, preemption.
+
+One optimizer step consumes one global batch of `train.batch_size` sequences; with
+gradient accumulation that batch is split into `grad_accum_steps` micro-batches scanned
+inside the same jitted step. So step s always reads batch s: the data position saved in a
+checkpoint is the step, and the dropout key of step s is fold_in(rng, s). Together they
+make a resumed run repeat an uninterrupted one exactly.
+
+Every process runs this same function. Each feeds the rows of the global batch held by
+its own devices (`partitioning.host_batch_rows`) and the global array is assembled with
+`jax.make_array_from_process_local_data`; only process 0 writes metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import signal
+import time
+from typing import Any, Callable, Iterator, Protocol
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pmi_jax import checkpoints, metrics, partitioning
+from pmi_jax.config import ExperimentConfig, to_dict
+from pmi_jax.errors import UserInputError
+from pmi_jax.model import BertForMaskedLM
+from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+
+BATCH_KEYS = ("inputs", "targets", "weights", "input_mask")
+TENSORBOARD_DIR = "tensorboard"
+
+
+# --------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------
+
+
+class BatchSource(Protocol):
+    """Where batches come from: this host's rows of every global batch from `start_step` on.
+
+    Yields dicts with BATCH_KEYS: `inputs`, `targets` int32 [b, L], `weights` float32
+    [b, L] (1.0 where the loss counts), `input_mask` int32 [b, L] (0 on padding), where
+    b = global batch / num_shards and this host is shard `shard_index`. The batch of a
+    step must not depend on where the iteration started: that is what makes resume exact.
+    """
+
+    def batches(self, start_step: int, shard_index: int, num_shards: int) -> Iterator[dict[str, np.ndarray]]:
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusInfo:
+    """What the trainer needs to know about a prepared corpus (DESIGN.md §4)."""
+
+    data_dir: str
+    seq_len: int
+    vocab_size: int
+    vocab_sha256: str
+    units: tuple[str, ...]
+
+
+def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
+    """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
+    import tensorflow as tf
+
+    from pmi_jax import tasks
+
+    corpus = tasks.PreparedCorpus(data_dir)
+    corpus.check_scheme(scheme)
+    corpus.files(split)
+    with tf.io.gfile.GFile(data_dir.rstrip("/") + "/vocab.txt", "rb") as f:
+        vocab_sha256 = hashlib.sha256(f.read()).hexdigest()
+    return CorpusInfo(data_dir=data_dir, seq_len=corpus.seq_len, vocab_size=corpus.vocabulary.vocab_size,
+                      vocab_sha256=vocab_sha256, units=corpus.unit_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBatches:
+    """The prepared corpus through the seqio task of the masking scheme (pmi_jax.tasks)."""
+
+    data_dir: str
+    scheme: str
+    split: str
+    seq_len: int
+    batch_size: int  # global
+    seed: int
+
+    def batches(self, start_step, shard_index, num_shards):
+        from pmi_jax import tasks
+
+        dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
+                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step)
+        for batch in dataset.as_numpy_iterator():
+            yield {k: batch[k] for k in BATCH_KEYS}
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticBatches:
+    """Deterministic MLM batches of a topic-model toy language, for tests and benchmarks.
+
+    Each sequence draws its words uniformly from one of `num_topics` random sets of
+    `topic_size` words. Without context a masked word is one of all the words; a model that
+    reads the rest of the sequence narrows it to the topic, so the loss has somewhere to
+    fall: from log(words) towards log(topic_size). 15% of the words are selected,
+    80/10/10 [MASK]/random/unchanged, and a random tail of each sequence is padding. The
+    batch of a step is a function of (seed, step) only, generated globally, sliced per host.
+    """
+
+    vocab_size: int
+    seq_len: int
+    batch_size: int  # global
+    seed: int = 0
+    num_topics: int = 16
+    topic_size: int = 8
+    pad_id: int = 0
+    cls_id: int = 2
+    sep_id: int = 3
+    mask_id: int = 4
+    first_word_id: int = 5
+
+    def global_batch(self, step: int) -> dict[str, np.ndarray]:
+        words = self.vocab_size - self.first_word_id
+        topic_rng = np.random.default_rng([self.seed, 0])
+        topics_TxS = np.stack([topic_rng.choice(words, self.topic_size, replace=False)
+                               for _ in range(self.num_topics)])
+        rng = np.random.default_rng([self.seed, 1, step])
+        b, n = self.batch_size, self.seq_len
+        topic_B = rng.integers(0, self.num_topics, size=b)
+        tokens = topics_TxS[topic_B[:, None], rng.integers(0, self.topic_size, size=(b, n - 2))]
+        targets = np.concatenate([np.full((b, 1), self.cls_id), tokens + self.first_word_id,
+                                  np.full((b, 1), self.sep_id)], axis=1)
+        lengths = rng.integers(n // 2, n + 1, size=b)
+        real = np.arange(n)[None, :] < lengths[:, None]
+        targets = np.where(real, targets, self.pad_id)
+        targets[np.arange(b), lengths - 1] = self.sep_id
+        maskable = real & (targets >= self.first_word_id)
+        selected = maskable & (rng.random((b, n)) < 0.15)
+        action = rng.random((b, n))
+        random_ids = rng.integers(self.first_word_id, self.vocab_size, size=(b, n))
+        inputs = np.where(selected & (action < 0.8), self.mask_id,
+                          np.where(selected & (action < 0.9), random_ids, targets))
+        return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32),
+                "weights": selected.astype(np.float32), "input_mask": real.astype(np.int32)}
+
+    def batches(self, start_step, shard_index, num_shards):
+        rows = self.batch_size // num_shards
+        step = start_step
+        while True:
+            batch = self.global_batch(step)
+            yield {k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in batch.items()}
+            step += 1
+
+
+# --------------------------------------------------------------------------------------
+# State and step
+# --------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 scalar: optimizer steps taken = batches consumed
+    params: Any
+    opt_state: Any
+    rng: jax.Array  # uint32[2] base dropout key; step s uses fold_in(rng, s)
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "params": self.params, "opt_state": self.opt_state, "rng": self.rng}
+
+
+def _dummy_inputs(seq_len: int):
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return ids, jnp.ones_like(ids)
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, seq_len: int) -> TrainState:
+    params_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+    variables = model.init(params_key, *_dummy_inputs(seq_len), deterministic=True)
+    params = nn.unbox(variables)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+
+def state_shardings(model, tx, config: ExperimentConfig, mesh) -> tuple[TrainState, TrainState]:
+    """(abstract state, its NamedShardings) from the logical names on the parameters."""
+    seq_len = config.data.seq_len
+    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_inputs(seq_len), deterministic=True))
+    logical_specs = nn.get_partition_spec(boxed)["params"]
+    param_shardings = partitioning.logical_to_sharding(logical_specs, mesh, config.mesh)
+    abstract = jax.eval_shape(lambda: init_state(model, tx, config.train.seed, seq_len))
+    partitioning.check_divisible(abstract.params, param_shardings, logical_specs)
+    replicated = partitioning.replicated(mesh)
+    opt_shardings = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_shardings,
+                                          transform_non_params=lambda _: replicated)
+    shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings, rng=replicated)
+    return abstract, shardings
+
+
+def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
+    """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
+
+    The denominator is the masked-token count of the whole global batch, known before the
+    forward pass, so micro-batch terms add up to exactly the full-batch means and no pass
+    over the gradients is needed to normalise them. Accuracy compares the target's logit
+    with the maximum over the vocabulary, both of which the cross-entropy computes anyway,
+    instead of a separate argmax pass over the [B, L, V] logits, the step's largest tensor.
+    """
+    logits_BxLxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"],
+                               deterministic=deterministic, rngs={"dropout": rng})
+    targets_BxL = batch["targets"]
+    xent_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+    target_logit_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+    correct_BxL = jax.lax.stop_gradient(target_logit_BxL >= jnp.max(logits_BxLxV, axis=-1)).astype(jnp.float32)
+    weights_BxL = batch["weights"]
+    return jnp.sum(xent_BxL * weights_BxL) / denominator, jnp.sum(correct_BxL * weights_BxL) / denominator
+
+
+def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
+    """(state, batch) -> (state, metrics); pure, to be jitted with shardings."""
+    accum = config.optimizer.grad_accum_steps
+    schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
+    grad_fn = jax.value_and_grad(
+        lambda p, b, r, d: mlm_loss_terms(model, p, b, r, d, deterministic=False), has_aux=True)
+    micro_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, partitioning.BATCH_AXES))
+
+    def to_micro_batches(x_BxL):
+        # Row r goes to micro-batch r % accum, so every device keeps its own rows (no transfer).
+        x_AxbxL = jnp.swapaxes(x_BxL.reshape(-1, accum, *x_BxL.shape[1:]), 0, 1)
+        return jax.lax.with_sharding_constraint(x_AxbxL, micro_sharding)
+
+    def accumulate(params, batch, rng, denominator):
+        if accum == 1:
+            return grad_fn(params, batch, rng, denominator)
+        micro = jax.tree.map(to_micro_batches, batch)
+
+        def body(carry, i):
+            mb = jax.tree.map(lambda x: x[i], micro)
+            terms = grad_fn(params, mb, jax.random.fold_in(rng, i), denominator)
+            return jax.tree.map(jnp.add, carry, terms), None
+
+        zeros = ((jnp.zeros(()), jnp.zeros(())), jax.tree.map(jnp.zeros_like, params))
+        totals, _ = jax.lax.scan(body, zeros, jnp.arange(accum))
+        return totals
+
+    def train_step(state: TrainState, batch):
+        rng = jax.random.fold_in(state.rng, state.step)
+        denominator = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+        (loss, accuracy), grads = accumulate(state.params, batch, rng, denominator)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                                  opt_state=opt_state)
+        step_metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads),
+                        "learning_rate": schedule(state.step)}
+        return new_state, step_metrics
+
+    return train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The sharded, jitted pieces of training for one config on one mesh."""
+
+    abstract: TrainState  # shapes and dtypes
+    shardings: TrainState  # a NamedSharding per leaf
+    init: Callable[[], TrainState]
+    step: Callable[[TrainState, dict], tuple[TrainState, dict]]  # donates its state argument
+
+    def restore_target(self) -> dict:
+        """What Orbax restores into: the state's shapes, dtypes and shardings."""
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            self.abstract.as_dict(), self.shardings.as_dict())
+
+
+def build_program(config: ExperimentConfig, mesh) -> Program:
+    """Call inside `partitioning.activate(mesh, ...)`: the model's constraints bind at trace time."""
+    model = BertForMaskedLM(config.model)
+    tx = make_optimizer(config.optimizer, config.train.num_steps)
+    abstract, shardings = state_shardings(model, tx, config, mesh)
+    init = jax.jit(lambda: init_state(model, tx, config.train.seed, config.data.seq_len), out_shardings=shardings)
+    step = jax.jit(make_train_step(model, tx, config, mesh),
+                   in_shardings=(shardings, partitioning.batch_sharding(mesh)),
+                   out_shardings=(shardings, partitioning.replicated(mesh)), donate_argnums=0)
+    return Program(abstract, shardings, init, step)
+
+
+# --------------------------------------------------------------------------------------
+# Validation (everything that can be checked before compiling)
+# --------------------------------------------------------------------------------------
+
+
+def validate(config: ExperimentConfig, mesh) -> None:
+    batch, accum = config.train.batch_size, config.optimizer.grad_accum_steps
+    split = partitioning.batch_axis_size(mesh)
+    if accum < 1 or batch % accum:
+        raise UserInputError(
+            f"train.batch_size={batch} is not divisible by optimizer.grad_accum_steps={accum}")
+    if (batch // accum) % split:
+        raise UserInputError(
+            f"train.batch_size={batch} (micro-batch {batch // accum}) is not divisible by the data axis of the mesh "
+            f"(data x fsdp = {split})")
+    if config.data.seq_len > config.model.max_position_embeddings:
+        raise UserInputError(
+            f"sequence length {config.data.seq_len} exceeds model.max_position_embeddings="
+            f"{config.model.max_position_embeddings}")
+    for name in ("num_steps", "log_every_steps"):
+        if getattr(config.train, name) < 1:
+            raise UserInputError(f"train.{name}={getattr(config.train, name)}: must be at least 1")
+
+
+# --------------------------------------------------------------------------------------
+# Loop
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunResult:
+    status: str  # "completed" | "preempted"
+    step: int
+    logdir: str
+
+
+class NonFiniteLoss(Exception):
+    pass
+
+
+class _Preemption:
+    """SIGTERM -> finish the current step, checkpoint, exit 0.
+
+    One process: a Python signal handler sets a flag. Several: jax.distributed's preemption
+    service (which owns SIGTERM there) makes every process agree on the step to stop at.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM received: checkpointing after the current step")
+        self.requested = True
+
+    def reached(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class _MetricsLog:
+    """Keeps per-step device metrics until the next flush, so logging never blocks a step."""
+
+    def __init__(self, writer: metrics.MetricWriter, config: ExperimentConfig, num_devices: int, peak: float | None):
+        self.writer = writer
+        self.pending: list[tuple[int, dict]] = []
+        self.sequences_per_step = config.train.batch_size
+        self.tokens_per_step = config.train.batch_size * config.data.seq_len
+        self.flops_per_token = metrics.training_flops_per_token(config.model, config.data.seq_len)
+        self.num_devices = num_devices
+        self.peak = peak
+        self.clock: tuple[int, float] | None = None  # (step, time) of the last synchronisation
+
+    def add(self, step: int, step_metrics: dict) -> None:
+        self.pending.append((step, step_metrics))
+
+    def start_clock(self, step: int) -> None:
+        self.clock = (step, time.perf_counter())
+
+    def flush(self) -> None:
+        """Fetch pending metrics, stop on a non-finite loss, write the interval means."""
+        if not self.pending:
+            return
+        fetched = [(s, jax.device_get(m)) for s, m in self.pending]
+        self.pending = []
+        for s, m in fetched:
+            if not math.isfinite(float(m["loss"])):
+                raise NonFiniteLoss(f"loss is {float(m['loss'])} at step {s}; stopping (the last checkpoint is "
+                                    "the last good state)")
+        last_step = fetched[-1][0]
+        scalars = {k: float(np.mean([m[k] for _, m in fetched])) for k in ("loss", "accuracy", "grad_norm")}
+        scalars["learning_rate"] = float(fetched[-1][1]["learning_rate"])
+        now = time.perf_counter()
+        if self.clock is not None and last_step > self.clock[0]:
+            steps_per_s = (last_step - self.clock[0]) / (now - self.clock[1])
+            tokens_per_s = steps_per_s * self.tokens_per_step
+            scalars["sequences_per_s"] = steps_per_s * self.sequences_per_step
+            scalars["tokens_per_s"] = tokens_per_s
+            scalars["mfu"] = metrics.mfu(self.flops_per_token, tokens_per_s, self.num_devices, self.peak)
+        self.clock = (last_step, now)
+        self.writer.write(last_step, scalars)
+
+
+def configure_for_corpus(config: ExperimentConfig, corpus: CorpusInfo) -> ExperimentConfig:
+    """Fill the vocabulary size and sequence length left at 0 from the corpus; check the others."""
+    model, data = config.model, config.data
+    if model.vocab_size == 0:
+        model = dataclasses.replace(model, vocab_size=corpus.vocab_size)
+    elif model.vocab_size != corpus.vocab_size:
+        raise UserInputError(f"model.vocab_size={model.vocab_size} but {corpus.data_dir}/vocab.txt has "
+                             f"{corpus.vocab_size} entries (set model.vocab_size=0 to take it from the corpus)")
+    if data.seq_len == 0:
+        data = dataclasses.replace(data, seq_len=corpus.seq_len)
+    elif data.seq_len < corpus.seq_len:
+        raise UserInputError(f"data.seq_len={data.seq_len} but {corpus.data_dir} holds sequences of "
+                             f"{corpus.seq_len} tokens (set data.seq_len=0 to take it from the corpus)")
+    return dataclasses.replace(config, model=model, data=data)
+
+
+def checkpoint_metadata(config: ExperimentConfig, corpus: CorpusInfo | None, step: int) -> dict:
+    """The JSON saved next to every checkpoint; evaluation checks the vocabulary hash."""
+    return {"step": step, "data_position": step, "model": to_dict(config.model), "config": to_dict(config),
+            "data_dir": config.data.data_dir, "scheme": config.data.scheme, "seq_len": config.data.seq_len,
+            "vocab_size": config.model.vocab_size, "vocab_sha256": corpus.vocab_sha256 if corpus else None,
+            "jax_version": jax.__version__, "process_count": jax.process_count()}
+
+
+def device_peak(config: ExperimentConfig) -> float | None:
+    return config.train.peak_flops or metrics.device_peak_flops(jax.devices()[0].device_kind)
+
+
+def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
+          devices=None) -> RunResult:
+    """Train up to `train.num_steps`, resuming from the latest checkpoint in `workdir`.
+
+    `devices` defaults to every device of every process. Raises UserInputError (before
+    compiling anything) for a mesh or batch size that does not fit the devices, or a workdir
+    holding another model; NonFiniteLoss on a NaN/inf loss.
+    """
+    mesh = partitioning.make_mesh(config.mesh, devices)
+    validate(config, mesh)
+    start_step = checkpoints.check_compatible(workdir, config.model) or 0
+    logdir = workdir.rstrip("/") + "/" + TENSORBOARD_DIR
+    is_main = jax.process_index() == 0
+    if is_main:
+        print(f"TensorBoard logs: {logdir}", flush=True)
+        logging.info("mesh %s over %d devices (%d processes); starting at step %d", dict(mesh.shape),
+                     mesh.devices.size, jax.process_count(), start_step)
+
+    with partitioning.activate(mesh, config.mesh):
+        program = build_program(config, mesh)
+        checkpointer = checkpoints.Checkpointer(workdir, config.checkpoint)
+        if start_step:
+            restored, saved = checkpointer.restore(start_step, program.restore_target())
+            state = TrainState(**restored)
+            if saved["data_position"] != start_step:
+                raise UserInputError(f"--workdir {workdir}: checkpoint {start_step} has data position "
+                                     f"{saved['data_position']}")
+        else:
+            state = program.init()
+        step_fn = program.step
+
+        writer = metrics.MetricWriter(logdir, enabled=is_main)
+        log = _MetricsLog(writer, config, mesh.devices.size, device_peak(config))
+        preemption = _Preemption()
+        try:
+            result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
+                           corpus)
+        finally:
+            preemption.restore()
+            checkpointer.wait()
+            checkpointer.close()
+            writer.close()
+    if is_main:
+        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
+    return dataclasses.replace(result, logdir=logdir)
+
+
+def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus) -> RunResult:
+    global_batch = config.train.batch_size
+    start, stop = partitioning.host_batch_rows(mesh, global_batch)
+    batches = source.batches(start_step, start // (stop - start), global_batch // (stop - start))
+    num_steps = config.train.num_steps
+
+    def save(step):
+        log.flush()  # raises on a non-finite loss: a bad state is never saved
+        checkpointer.save(step, state.as_dict(), checkpoint_metadata(config, corpus, step))
+
+    step = start_step
+    while step < num_steps:
+        try:
+            local_batch = next(batches)
+        except StopIteration:
+            raise UserInputError(f"--data {config.data.data_dir}: ran out of batches at step {step}")
+        batch = partitioning.global_batch_from_host(local_batch, mesh, global_batch)
+        state, step_metrics = step_fn(state, batch)
+        step += 1
+        log.add(step, step_metrics)
+        if step == start_step + 1:  # the first step compiled: time from here on
+            jax.block_until_ready(step_metrics)
+            log.start_clock(step)
+        if step % config.train.log_every_steps == 0 or step == num_steps:
+            log.flush()
+        if preemption.reached(step):
+            save(step)
+            logging.warning("preempted: saved checkpoint at step %d", step)
+            return RunResult("preempted", step, "")
+        if checkpointer.due(step) or step == num_steps:
+            save(step)
+    return RunResult("completed", step, "")
