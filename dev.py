@@ -8,6 +8,7 @@ The virtual environment is rebuilt only when setup.py or constraints.txt change.
 import hashlib
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import venv
@@ -53,6 +54,11 @@ def demo() -> None:
     run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
         "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
     run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
+    run(cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1")
+    shutil.rmtree(out / "run", ignore_errors=True)  # a fresh run each time, not a resumed one
+    run(cli, "train", "--config", "tiny", "--data", str(out / "data"), "--scheme", "pmi",
+        "--workdir", str(out / "run"), "--set", "train.num_steps=300")
+    run(cli, "eval", "perplexity", "--checkpoint", str(out / "run"), "--positions", "8", "--max-sequences", "200")
 
 
 def test(pytest_args: list[str]) -> None:

@@ -1,0 +1,11 @@
+"""Evaluation of pretrained checkpoints (DESIGN §7).
+
+    perplexity   single-token perplexity: one held-out token masked at a time
+    wordpiece    the pretraining WordPiece vocabulary and BERT's input packing
+    heads        task heads on the pretrained encoder, and their losses
+    metrics      accuracy, F1, Matthews, Pearson, Spearman as GLUE defines them
+    glue         the nine GLUE tasks: TSV/TFDS readers, labels, metrics
+    squad        SQuAD 2.0: JSON/TFDS reader, stride windows, decoding, official EM/F1
+    race         RACE: folder/TFDS reader, multiple-choice encoding, accuracy
+    finetune     one fine-tuning run, and the paper's sweep over batch size × lr × seeds
+"""

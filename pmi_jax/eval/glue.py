@@ -1,0 +1,205 @@
+"""GLUE (Wang et al. 2019): the nine tasks, read from the distributed TSVs or from TFDS.
+
+Each task is one row of `TASKS`: where its text and label live in the TSVs that GLUE's
+download script writes (`<Task>/train.tsv`, `dev.tsv`; MNLI has `dev_matched.tsv` and
+`dev_mismatched.tsv`), its label list, its metrics and its TFDS feature names. Columns are
+found by header name, so a file from another task, or from another benchmark, fails loudly
+instead of training on the wrong column. CoLA's files have no header; its layout is fixed
+(source, label, original mark, sentence).
+
+Scores follow the GLUE leaderboard: CoLA Matthews correlation, STS-B Pearson/Spearman, MRPC and
+QQP F1/accuracy, the rest accuracy (MNLI: matched, with mismatched reported beside it), all
+×100. `score`, the number early stopping and the sweep maximise, is the mean of a task's
+metrics on its (matched) dev set, as the leaderboard averages them.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from pmi_jax.errors import UserInputError
+from pmi_jax.eval import heads, metrics
+from pmi_jax.eval.wordpiece import WordPiece, pack
+from pmi_jax.storage import gfile, join
+
+csv.field_size_limit(1 << 24)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueExample:
+    text_a: str
+    text_b: str | None
+    label: float  # class index, or the similarity score for STS-B
+    subset: str = ""  # "" or "mismatched" (MNLI's second dev set)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+    name: str
+    folder: str  # directory name in GLUE's download
+    text_columns: tuple  # header names, or column indices when the file has no header
+    label_column: str | int
+    labels: tuple[str, ...] | None  # label strings as in the TSV; None for regression
+    metric_names: tuple[str, ...]
+    tfds_text: tuple[str, ...]  # TFDS feature names, same order as text_columns
+    tfds_labels: tuple[str, ...] | None = None  # TSV label string of each TFDS class index
+    dev_files: tuple[tuple[str, str], ...] = (("dev.tsv", ""),)  # (file, subset)
+    tfds_dev: tuple[tuple[str, str], ...] = (("validation", ""),)
+    has_header: bool = True
+    skip_short_rows: bool = False  # QQP's distributed train.tsv has a few broken lines
+    epochs: int = 3
+    max_seq_len: int = 128
+    kind: str = "classification"
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.labels) if self.labels else 1
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def read(self, path: str, split: str) -> list[GlueExample]:
+        """Examples of `split` ("train" or "dev") from a GLUE task folder (or its parent)."""
+        directory = self._task_dir(path)
+        files = [("train.tsv", "")] if split == "train" else list(self.dev_files)
+        examples = []
+        for name, subset in files:
+            examples.extend(self._read_tsv(join(directory, name), subset))
+        return examples
+
+    def _task_dir(self, path: str) -> str:
+        for candidate in (path, join(path, self.folder)):
+            if gfile.exists(join(candidate, "train.tsv")):
+                return candidate
+        raise UserInputError(f"--data {path}: not a GLUE {self.folder} folder (expected train.tsv and "
+                             f"{', '.join(f for f, _ in self.dev_files)} in it or in {self.folder}/)")
+
+    def _read_tsv(self, path: str, subset: str) -> list[GlueExample]:
+        if not gfile.exists(path):
+            raise UserInputError(f"GLUE {self.folder}: missing {path}")
+        with gfile.GFile(path, "rb") as f:
+            text = f.read().decode("utf-8-sig")
+        rows = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+        columns = list(self.text_columns) + [self.label_column]
+        if self.has_header:
+            header = next(rows, [])
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise UserInputError(f"{path}: not a GLUE {self.folder} TSV: header lacks column(s) "
+                                     f"{', '.join(missing)} (found: {', '.join(header) or 'nothing'})")
+            columns = [header.index(c) for c in columns]
+        needed = max(columns) + 1
+        examples, skipped = [], 0
+        for line, row in enumerate(rows, start=2 if self.has_header else 1):
+            if not row:
+                continue
+            if len(row) < needed:
+                if self.skip_short_rows:
+                    skipped += 1
+                    continue
+                raise UserInputError(f"{path}:{line}: {len(row)} tab-separated fields, a GLUE {self.folder} "
+                                     f"row has at least {needed}")
+            texts = [row[c] for c in columns[:-1]]
+            label = self._label(row[columns[-1]], f"{path}:{line}")
+            examples.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, label, subset))
+        if skipped:
+            logging.warning("%s: skipped %d rows with missing fields", path, skipped)
+        if not examples:
+            raise UserInputError(f"{path}: no examples")
+        return examples
+
+    def _label(self, raw: str, where: str) -> float:
+        if self.labels is None:
+            try:
+                return float(raw)
+            except ValueError:
+                raise UserInputError(f"{where}: label {raw!r} is not a number") from None
+        if raw not in self.labels:
+            raise UserInputError(f"{where}: label {raw!r} is not one of {', '.join(self.labels)}")
+        return float(self.labels.index(raw))
+
+    def read_tfds(self, name: str, split: str, data_dir: str | None) -> list[GlueExample]:
+        import tensorflow_datasets as tfds
+
+        splits = [("train", "")] if split == "train" else list(self.tfds_dev)
+        examples = []
+        for tfds_split, subset in splits:
+            dataset = tfds.load(name, split=tfds_split, data_dir=data_dir, download=False)
+            examples.extend(self.from_tfds(dataset, subset))
+        return examples
+
+    def from_tfds(self, dataset, subset: str = "") -> list[GlueExample]:
+        """Examples from a tf.data.Dataset of TFDS `glue/*` feature dicts."""
+        examples = []
+        for features in dataset.as_numpy_iterator():
+            texts = [features[k].decode("utf-8") for k in self.tfds_text]
+            raw = features["label"]
+            label = float(raw) if self.labels is None else float(self.labels.index(self.tfds_labels[int(raw)]))
+            examples.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, label, subset))
+        return examples
+
+    # ---- model ---------------------------------------------------------------------------------
+
+    def encode(self, examples: Sequence[GlueExample], wordpiece: WordPiece, max_seq_len: int) -> heads.Encoded:
+        first = wordpiece.encode([e.text_a for e in examples])
+        paired = [i for i, e in enumerate(examples) if e.text_b is not None]
+        second = dict(zip(paired, wordpiece.encode([examples[i].text_b for i in paired])))
+        packed = pack(wordpiece, [(a, second.get(i)) for i, a in enumerate(first)], max_seq_len)
+        label_dtype = np.int32 if self.labels else np.float32
+        arrays = {**packed.as_dict(), "label": np.array([e.label for e in examples], label_dtype)}
+        return heads.Encoded(arrays, np.array([e.subset for e in examples]))
+
+    def head(self, config):
+        return heads.SequenceClassifier(config, self.num_outputs)
+
+    @property
+    def loss(self):
+        return heads.classification_loss if self.labels else heads.regression_loss
+
+    def evaluate(self, outputs: dict[str, np.ndarray], encoded: heads.Encoded) -> dict[str, float]:
+        logits = outputs["logits"]
+        predictions = logits[:, 0] if self.labels is None else np.argmax(logits, axis=-1)
+        labels = encoded.arrays["label"]
+        subsets = encoded.info
+        result = {}
+        for _, subset in self.dev_files:
+            keep = subsets == subset
+            suffix = f"_{subset}" if subset else ""
+            for metric in self.metric_names:
+                result[metric + suffix] = 100.0 * _METRICS[metric](predictions[keep], labels[keep])
+        result["score"] = float(np.mean([result[m] for m in self.metric_names]))
+        return result
+
+
+_METRICS = {"accuracy": metrics.accuracy, "f1": metrics.f1, "matthews_corrcoef": metrics.matthews_corrcoef,
+            "pearson": metrics.pearson, "spearman": metrics.spearman}
+
+_BINARY = ("0", "1")
+_ENTAILMENT = ("entailment", "not_entailment")
+
+TASKS = {t.name: t for t in [
+    GlueTask("glue/cola", "CoLA", (3,), 1, _BINARY, ("matthews_corrcoef",), ("sentence",), _BINARY,
+             has_header=False),
+    GlueTask("glue/sst2", "SST-2", ("sentence",), "label", _BINARY, ("accuracy",), ("sentence",), _BINARY),
+    GlueTask("glue/mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", _BINARY, ("f1", "accuracy"),
+             ("sentence1", "sentence2"), _BINARY),
+    GlueTask("glue/stsb", "STS-B", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"),
+             ("sentence1", "sentence2"), epochs=10),
+    GlueTask("glue/qqp", "QQP", ("question1", "question2"), "is_duplicate", _BINARY, ("f1", "accuracy"),
+             ("question1", "question2"), _BINARY, skip_short_rows=True),
+    GlueTask("glue/mnli", "MNLI", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
+             ("accuracy",), ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
+             dev_files=(("dev_matched.tsv", ""), ("dev_mismatched.tsv", "mismatched")),
+             tfds_dev=(("validation_matched", ""), ("validation_mismatched", "mismatched"))),
+    GlueTask("glue/qnli", "QNLI", ("question", "sentence"), "label", _ENTAILMENT, ("accuracy",),
+             ("question", "sentence"), _ENTAILMENT),
+    GlueTask("glue/rte", "RTE", ("sentence1", "sentence2"), "label", _ENTAILMENT, ("accuracy",),
+             ("sentence1", "sentence2"), _ENTAILMENT, epochs=10),
+    # TFDS names WNLI's classes (not_entailment, entailment) = the TSV's 0, 1.
+    GlueTask("glue/wnli", "WNLI", ("sentence1", "sentence2"), "label", _BINARY, ("accuracy",),
+             ("sentence1", "sentence2"), _BINARY),
+]}

@@ -1,0 +1,107 @@
+"""`pmi-jax eval` end to end on a checkpoint written as the trainer writes it, and its input errors."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from pmi_jax.cli import main
+from pmi_jax.eval.wordpiece import file_sha256
+from tests import eval_data, prepared_data
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("corpus"))
+    prepared_data.write_prepared_corpus(data_dir, sequences={"train": 4, "validation": 6},
+                                        shards={"train": 1, "validation": 1}, seq_len=32)
+    with open(os.path.join(data_dir, "metadata.json")) as f:
+        metadata = json.load(f)
+    with open(os.path.join(data_dir, "metadata.json"), "w") as f:
+        json.dump({**metadata, "format_version": 1}, f)  # as `pmi-jax corpus prepare` writes it
+    return data_dir
+
+
+def _checkpoint(workdir, vocab_size, data_dir, vocab_sha256):
+    config = dataclasses.replace(eval_data.tiny_config(), vocab_size=vocab_size)
+    return eval_data.save_checkpoint(workdir, config, eval_data.mlm_params(config), data_dir=data_dir,
+                                     vocab_sha256=vocab_sha256)
+
+
+@pytest.fixture(scope="module")
+def corpus_checkpoint(tmp_path_factory, corpus):
+    return _checkpoint(str(tmp_path_factory.mktemp("run")), len(prepared_data.vocabulary()), corpus,
+                       file_sha256(os.path.join(corpus, "vocab.txt")))
+
+
+@pytest.fixture(scope="module")
+def glue_checkpoint(tmp_path_factory):
+    """A checkpoint trained on a corpus whose vocabulary is the toy English one."""
+    data_dir = tmp_path_factory.mktemp("english")
+    vocab = eval_data.write_vocab(str(data_dir / "vocab.txt"))
+    return _checkpoint(str(tmp_path_factory.mktemp("run")), eval_data.vocab_size(), str(data_dir), file_sha256(vocab))
+
+
+def test_perplexity_command(corpus_checkpoint, tmp_path, capsys):
+    output = str(tmp_path / "ppl.json")
+    assert main(["eval", "perplexity", "--checkpoint", corpus_checkpoint, "--positions", "4", "--output", output]) == 0
+    printed = capsys.readouterr().out
+    with open(output) as f:
+        result = json.load(f)
+    assert result["num_tokens"] == 4 * result["num_sequences"] and result["step"] == 7
+    assert f"single-token perplexity {result['perplexity']:.3f}" in printed
+
+
+def test_perplexity_refuses_a_corpus_with_another_vocabulary(tmp_path, corpus_checkpoint, capsys):
+    other = str(tmp_path / "other")
+    prepared_data.write_prepared_corpus(other, sequences={"train": 2, "validation": 2},
+                                        shards={"train": 1, "validation": 1}, seq_len=32)
+    with open(os.path.join(other, "vocab.txt"), "a") as f:
+        f.write("extra\n")
+    assert main(["eval", "perplexity", "--checkpoint", corpus_checkpoint, "--data", other]) == 2
+    err = capsys.readouterr().err
+    assert f"--data {other}: its vocab.txt is not the vocabulary checkpoint" in err and err.count("\n") == 1
+
+
+def test_finetune_command_writes_json_and_markdown(glue_checkpoint, tmp_path, capsys):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(16)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows[:4])
+    output = str(tmp_path / "results")
+    assert main(["eval", "finetune", "--checkpoint", glue_checkpoint, "--task", "glue/rte", "--data", data,
+                 "--batch-sizes", "8", "--learning-rates", "1e-4,2e-4", "--seeds", "2", "--epochs", "1",
+                 "--max-seq-len", "16", "--output", output]) == 0
+    with open(os.path.join(output, "results.json")) as f:
+        result = json.load(f)
+    assert result["task"] == "glue/rte" and len(result["runs"]) == 4 and result["max_seq_len"] == 16
+    assert result["best"]["median"]["score"] == max(c["median"]["score"] for c in result["configs"])
+    with open(os.path.join(output, "results.md")) as f:
+        assert "| batch size | learning rate | median accuracy | median score |" in f.read()
+    assert "glue/rte: best median dev score" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "glue/rtee", "--data", "x"], "--task glue/rtee: unknown task (choose from glue/cola"),
+    (["--task", "squad/v2.0", "--data", "{nowhere}"], "expected a folder holding train-v2.0.json"),
+    (["--task", "race", "--data", "{glue}"], "not a RACE folder (expected train/high/"),
+    (["--task", "glue/sst2", "--data", "{glue}"], "header lacks column(s) sentence"),
+    (["--task", "glue/rte", "--data", "{glue}", "--learning-rates", "fast"], "--learning-rates 'fast'"),
+    (["--task", "glue/rte", "--tfds", "no_such_set/rte", "--tfds-data-dir", "{nowhere}"],
+     "--tfds no_such_set/rte: Dataset no_such_set not found"),
+])
+def test_finetune_input_errors_are_one_line(glue_checkpoint, tmp_path, capsys, argv, message):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(2)]
+    glue_dir = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows)
+    argv = [a.format(glue=glue_dir, nowhere=str(tmp_path / "nowhere")) for a in argv]
+    assert main(["eval", "finetune", "--checkpoint", glue_checkpoint, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_finetune_refuses_a_vocabulary_the_checkpoint_was_not_trained_with(corpus_checkpoint, corpus, tmp_path,
+                                                                          capsys):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(2)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows)
+    vocab = eval_data.write_vocab(str(tmp_path / "vocab.txt"))
+    assert main(["eval", "finetune", "--checkpoint", corpus_checkpoint, "--task", "glue/rte", "--data", data,
+                 "--vocab", vocab]) == 2
+    assert "is not the one checkpoint" in capsys.readouterr().err
