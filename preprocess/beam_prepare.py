@@ -1,6 +1,6 @@
 """`pmi-jax corpus prepare` as an Apache Beam pipeline: every shard written by its own worker.
 
-    python -m preprocess.beam_prepare --input gs://B/corpora/owt --output gs://B/prepared/owt \\
+    pmi-jax corpus prepare --input gs://B/corpora/owt --output gs://B/prepared/owt \\
         --units pmi=gs://B/vocab/pmi --runner DataflowRunner --project P --region us-central2 \\
         --temp_location gs://B/tmp --setup_file ./setup.py
 
@@ -21,15 +21,12 @@ a rerun after a failed job writes only the missing shards.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Iterator, Sequence
 
 import apache_beam as beam
 
 from pmi_jax import storage
-from pmi_jax.errors import UserInputError
-from preprocess import beam_pipeline
+from preprocess import beam_options, beam_pipeline
 
 
 class WriteShards(beam.DoFn):
@@ -95,7 +92,7 @@ def prepare(config, pipeline_options=None) -> dict:
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()
-    with beam.Pipeline(options=pipeline_options or beam_pipeline.direct_runner()) as pipeline:
+    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
                            | "Read" >> beam_pipeline.ReadDocumentBatches(files)
@@ -112,75 +109,3 @@ def prepare(config, pipeline_options=None) -> dict:
                                      vocab_ready=beam.pvalue.AsSingleton(vocab_ready)))
 
     return local.finish_prepare(plan)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m preprocess.beam_prepare",
-        description="Prepare a corpus (as `pmi-jax corpus prepare`) with Apache Beam: here with the DirectRunner, "
-        "or on Dataflow, one shard per work item. The output is byte-identical to the local command's on the "
-        "same inputs and options.")
-    parser.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                        help="text files (blank lines between documents) or .jsonl files with a 'text' field; "
-                        "globs, directories and gs:// URLs accepted, optionally .gz")
-    parser.add_argument("--output", required=True, metavar="DIR", help="data directory to write (local or gs://)")
-    wp = parser.add_mutually_exclusive_group()
-    wp.add_argument("--wordpiece", metavar="VOCAB_TXT", help="an existing BERT vocab.txt; without it an uncased "
-                    "vocabulary is trained on the corpus")
-    wp.add_argument("--wordpiece-size", type=int, default=30_522, metavar="N",
-                    help="size of the trained vocabulary, special tokens included (default %(default)s)")
-    parser.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
-                        help="a masking vocabulary (a vocabulary directory or one n-gram per line); writes the "
-                        "feature units_NAME. Repeatable")
-    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence with [CLS] and [SEP] "
-                        "(default %(default)s)")
-    parser.add_argument("--validation-fraction", type=float, default=0.01, metavar="F",
-                        help="fraction of documents held out for validation (default %(default)s)")
-    parser.add_argument("--shards", type=int, default=0, metavar="N",
-                        help="train shards (default 0: one per 32 MiB of text, at least 4); also the unit of "
-                        "parallel work")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the validation choice and the choice between "
-                        "overlapping vocabulary entries (default %(default)s)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the files of a different configuration found in --output")
-    beam_pipeline.add_pipeline_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from preprocess.prepare import PrepareConfig
-
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    try:
-        units = []
-        for value in args.units:
-            name, sep, source = value.partition("=")
-            if not sep or not name or not source:
-                raise UserInputError(f"--units {value}: expected NAME=VOCAB, e.g. pmi=out/vocab")
-            units.append((name, source))
-        config = PrepareConfig(
-            inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
-            wordpiece_size=args.wordpiece_size, units=tuple(units), seq_len=args.seq_len,
-            validation_fraction=args.validation_fraction, shards=args.shards, seed=args.seed,
-            overwrite=args.overwrite)
-        metadata = prepare(config, beam_pipeline.pipeline_options(args, extra))
-    except UserInputError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    for split, stats in metadata["splits"].items():
-        print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
-              f"{stats['tokens']} tokens in {stats['shards']} shards")
-    print(f"wrote {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    # Run through the package module so that the DoFns shipped to workers are importable there.
-    from preprocess import beam_prepare
-
-    sys.exit(beam_prepare.main())

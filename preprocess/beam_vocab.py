@@ -1,6 +1,6 @@
 """`pmi-jax vocab build` as an Apache Beam pipeline, for corpora larger than one machine wants.
 
-    python -m preprocess.beam_vocab --input gs://B/corpora/owt --output gs://B/vocab/pmi \\
+    pmi-jax vocab build --input gs://B/corpora/owt --output gs://B/vocab/pmi \\
         --runner DataflowRunner --project P --region us-central2 --temp_location gs://B/tmp \\
         --machine_type n2-highmem-16 --setup_file ./setup.py
 
@@ -22,12 +22,10 @@ stages and the local code each one runs:
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import functools
 import json
-import sys
 import time
 from typing import Iterable, Iterator, Sequence
 
@@ -35,7 +33,7 @@ import apache_beam as beam
 import numpy as np
 
 from pmi_jax.errors import UserInputError
-from preprocess import beam_pipeline
+from preprocess import beam_options, beam_pipeline
 
 Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.words yields them
 
@@ -254,68 +252,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     if storage.gfile.exists(output) and not overwrite:
         raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
     files = expand_inputs(inputs)
-    with beam.Pipeline(options=pipeline_options or beam_pipeline.direct_runner()) as pipeline:
+    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, "stats.json")) as f:
         return json.load(f)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m preprocess.beam_vocab",
-        description="Build a masking vocabulary (as `pmi-jax vocab build`) with Apache Beam: here with the "
-        "DirectRunner, or on Dataflow. The output directory holds masking_vocab.txt, masking_vocab.tsv and "
-        "stats.json, identical to the local build's on the same input (stats.json but for elapsed_seconds).")
-    parser.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                        help="text files (blank lines between documents; .jsonl with a 'text' field; optionally "
-                        ".gz): paths, globs or directories, local or gs://. Each file is read by one worker: "
-                        "split a large corpus into many files")
-    parser.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
-    parser.add_argument("--measure", choices=("pmi", "pmi-p2", "naive-pmi", "frequency"), default="pmi",
-                        help="association measure (default pmi; see `pmi-jax vocab build --help`)")
-    parser.add_argument("--size", type=int, default=800_000, help="number of n-grams to select (default 800000)")
-    parser.add_argument("--min-count", type=int, default=11, help="candidates occur at least this often (default 11)")
-    parser.add_argument("--max-n", type=int, default=5, help="longest n-gram, 2 to 5 (default 5)")
-    parser.add_argument("--shares", type=_floats, default=None, metavar="S2,S3,...",
-                        help="fraction of --size per length 2..max-n, summing to 1 (default 0.5,0.25,0.125,0.125)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    beam_pipeline.add_pipeline_arguments(parser)
-    return parser
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from preprocess.build_vocab import VocabOptions
-
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    options = VocabOptions(measure=args.measure, size=args.size, min_count=args.min_count, max_n=args.max_n,
-                           shares=args.shares)
-    try:
-        stats = build_vocabulary(args.input, args.output, options, args.overwrite,
-                                 beam_pipeline.pipeline_options(args, extra))
-    except UserInputError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
-    print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
-          f"{stats['documents']} documents, coverage {stats['coverage']:.1%}")
-    return 0
-
-
-if __name__ == "__main__":
-    # Run through the package module, so that every function the pipeline ships to workers is
-    # importable there as preprocess.beam_vocab.*, not as __main__.*.
-    from preprocess import beam_vocab
-
-    sys.exit(beam_vocab.main())

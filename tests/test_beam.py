@@ -14,6 +14,7 @@ import pathlib
 
 import pytest
 
+from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
 from preprocess import beam_prepare, beam_vocab, build_vocab, prepare
 from preprocess.build_vocab import VocabOptions
@@ -45,8 +46,8 @@ def direct_runner() -> list[str]:
 
 def test_beam_vocabulary_equals_the_local_build(corpus, local_vocab, tmp_path):
     out = tmp_path / "vocab"
-    status = beam_vocab.main(["--input", str(corpus), "--output", str(out), "--size", str(VOCAB.size),
-                              "--min-count", str(VOCAB.min_count), *direct_runner()])
+    status = main(["vocab", "build", "--input", str(corpus), "--output", str(out), "--size", str(VOCAB.size),
+                   "--min-count", str(VOCAB.min_count), "--no-progress", *direct_runner()])
     assert status == 0
     for name in ("masking_vocab.txt", "masking_vocab.tsv"):
         assert (out / name).read_bytes() == (local_vocab / name).read_bytes(), name
@@ -66,10 +67,11 @@ def test_beam_prepare_equals_the_local_prepare(corpus, local_vocab, tmp_path):
                                    shards=3, seed=7)
     local_metadata = prepare.prepare(config)
     beam_config = dataclasses.replace(config, output=str(tmp_path / "beam"))
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    beam_metadata = beam_prepare.prepare(beam_config, PipelineOptions(direct_runner()))
-    assert beam_metadata == local_metadata
+    assert main(["corpus", "prepare", "--input", str(corpus), "--output", beam_config.output, "--wordpiece-size",
+                 "1500", "--units", f"pmi={local_vocab}", "--seq-len", "64", "--validation-fraction", "0.05",
+                 "--shards", "3", "--seed", "7", *direct_runner()]) == 0
+    with open(os.path.join(beam_config.output, "metadata.json")) as f:
+        assert json.load(f) == local_metadata
     local_files = sorted(os.listdir(config.output))
     assert local_files == sorted(os.listdir(beam_config.output))
     assert {"vocab.txt", "metadata.json", "train-00002-of-00003.tfrecord", "validation-00000-of-00001.tfrecord"} \
@@ -80,6 +82,8 @@ def test_beam_prepare_equals_the_local_prepare(corpus, local_vocab, tmp_path):
 
     # A second run finds the directory complete and writes nothing.
     before = {name: os.stat(tmp_path / "beam" / name).st_mtime_ns for name in local_files}
+    from apache_beam.options.pipeline_options import PipelineOptions
+
     assert beam_prepare.prepare(beam_config, PipelineOptions(direct_runner())) == local_metadata
     assert before == {name: os.stat(tmp_path / "beam" / name).st_mtime_ns for name in local_files}
 
@@ -89,9 +93,11 @@ def test_existing_vocabulary_output_is_refused_before_any_work(corpus, local_voc
         beam_vocab.build_vocabulary([str(corpus)], str(local_vocab), VOCAB)
 
 
-@pytest.mark.parametrize("module", [beam_vocab, beam_prepare])
-def test_help_documents_the_dataflow_flags(module):
-    text = module.build_parser().format_help()
+@pytest.mark.parametrize("command", [["vocab", "build"], ["corpus", "prepare"]])
+def test_help_documents_the_dataflow_flags(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = capsys.readouterr().out
     for flag in ("--runner", "DataflowRunner", "--project", "--region", "--temp_location", "--machine_type",
-                 "--setup_file", "--requirements_file", "--input", "--output"):
+                 "--setup_file", "--requirements_file", "--beam-option", "--input", "--output"):
         assert flag in text, flag

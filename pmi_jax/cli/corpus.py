@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from preprocess import beam_options
+
 _DEFAULT_SEQ_LEN = 512
 _DEFAULT_WORDPIECE_SIZE = 30_522
 
@@ -54,6 +56,7 @@ def _add_prepare(commands) -> None:
                    help="processes writing shards in parallel; does not change the output (default %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of a different configuration found in --output")
+    beam_options.add_pipeline_arguments(p)
     p.set_defaults(func=run_prepare)
 
 
@@ -90,7 +93,12 @@ def run_prepare(args: argparse.Namespace) -> int:
         wordpiece_size=args.wordpiece_size, units=_parse_units(args.units), seq_len=args.seq_len,
         validation_fraction=args.validation_fraction, shards=args.shards, seed=args.seed,
         workers=args.workers, overwrite=args.overwrite)
-    metadata = prepare(config)
+    if args.runner:
+        from preprocess import beam_prepare
+
+        metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
+    else:
+        metadata = prepare(config)
     for split, stats in metadata["splits"].items():
         print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
               f"{stats['tokens']} tokens in {stats['shards']} shards")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from preprocess import beam_options
+
 _MEASURES = ("pmi", "pmi-p2", "naive-pmi", "frequency")  # preprocess.measures.MEASURES, without importing numpy
 
 
@@ -48,6 +50,7 @@ def _add_build(commands) -> None:
                    "needs about 16 bytes per corpus word, plus the counts that spill")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    beam_options.add_pipeline_arguments(p)
     p.set_defaults(func=run_build)
 
 
@@ -82,7 +85,14 @@ def run_build(args: argparse.Namespace) -> int:
 
     options = VocabOptions(measure=args.measure, size=args.size, min_count=args.min_count, max_n=args.max_n,
                            shares=args.shares, workers=args.workers, memory_mb=args.memory_mb, tmp_dir=args.tmp_dir)
-    stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite, progress=not args.no_progress)
+    if args.runner:
+        from preprocess import beam_vocab
+
+        stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                            pipeline_options=beam_options.pipeline_options(args))
+    else:
+        stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                 progress=not args.no_progress)
     per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
     print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
           f"{stats['documents']} documents, coverage {stats['coverage']:.1%}, {stats['elapsed_seconds']:.1f} s")
