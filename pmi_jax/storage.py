@@ -7,6 +7,7 @@ renamed when complete, so a killed job never leaves a half-written file or direc
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from typing import Iterator
@@ -18,6 +19,12 @@ gfile = tf.io.gfile
 
 def join(*parts: str) -> str:
     return os.path.join(*parts) if "://" not in parts[0] else "/".join(p.rstrip("/") for p in parts)
+
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file's bytes: how a vocab.txt is identified across prepare, train and eval."""
+    with gfile.GFile(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def temporary_sibling(path: str) -> str:

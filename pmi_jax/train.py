@@ -13,7 +13,6 @@ its own devices (`partitioning.host_batch_rows`) and the global array is assembl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import signal
@@ -68,17 +67,13 @@ class CorpusInfo:
 
 def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
     """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
-    import tensorflow as tf
-
-    from pmi_jax import tasks
+    from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
 
     corpus = tasks.PreparedCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
-    with tf.io.gfile.GFile(data_dir.rstrip("/") + "/vocab.txt", "rb") as f:
-        vocab_sha256 = hashlib.sha256(f.read()).hexdigest()
     return CorpusInfo(data_dir=data_dir, seq_len=corpus.seq_len, vocab_size=corpus.vocabulary.vocab_size,
-                      vocab_sha256=vocab_sha256, units=corpus.unit_names)
+                      vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         index = {t: i for i, t in enumerate(self._tokens)}
         missing = [t for t in SPECIAL_TOKENS.values() if t not in index]
         if missing:
-            raise UserInputError(f"{vocab_path}: lacks the special tokens {' '.join(missing)}")
+            raise UserInputError(f"vocabulary {vocab_path}: missing special tokens {' '.join(missing)}")
         self.special_ids = {name: index[token] for name, token in SPECIAL_TOKENS.items()}
         if self.special_ids["pad"] != seqio.vocabularies.PAD_ID:
             raise UserInputError(f"{vocab_path}: [PAD] must be id 0 (line 1), found at id {self.special_ids['pad']}")
@@ -71,7 +71,8 @@ class WordPieceVocabulary(seqio.Vocabulary):
         return len(self._tokens)
 
     @functools.cached_property
-    def _tokenizer(self):
+    def bert_tokenizer(self):
+        """tensorflow_text's uncased BertTokenizer over these tokens (out-of-vocabulary pieces: [UNK])."""
         import tensorflow_text as tf_text
 
         table = tf.lookup.StaticVocabularyTable(
@@ -89,7 +90,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
         """Text -> int32 ids: a scalar gives [ids], a batch [B] gives ragged [B, ids]."""
         s = tf.convert_to_tensor(s, tf.string)
-        pieces_BxWxP = self._tokenizer.tokenize(tf.reshape(s, [-1]))
+        pieces_BxWxP = self.bert_tokenizer.tokenize(tf.reshape(s, [-1]))
         if s.shape.rank == 0:
             return tf.cast(pieces_BxWxP.flat_values, tf.int32)
         return tf.cast(pieces_BxWxP.merge_dims(1, 2), tf.int32)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from pmi_jax.cli import main
-from pmi_jax.eval.wordpiece import file_sha256
+from pmi_jax.storage import file_sha256
 from tests import eval_data, prepared_data
 
 

@@ -141,7 +141,7 @@ def _run_dir(checkpoint: str) -> str:
 def run_perplexity(args: argparse.Namespace) -> int:
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import perplexity
-    from pmi_jax.eval.wordpiece import file_sha256
+    from pmi_jax.storage import file_sha256
     from pmi_jax.model import BertForMaskedLM
     from preprocess import corpus_format
 

@@ -9,61 +9,40 @@ is too long being cut one token at a time from the end of the longer side.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Sequence
 
 import numpy as np
 
+from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from pmi_jax.storage import gfile
+from pmi_jax.vocabularies import WordPieceVocabulary
 
-_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _CHUNK = 4096  # strings per tensorflow_text call: bounded memory on QQP/MNLI-sized inputs
 
 
-def file_sha256(path: str) -> str:
-    with gfile.GFile(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 class WordPiece:
-    """BERT uncased WordPiece over a `vocab.txt` (token id = line number)."""
+    """BERT uncased WordPiece over a `vocab.txt` (token id = line number): the pretraining
+    vocabulary (pmi_jax.vocabularies) plus its SHA-256 and the encodings fine-tuning needs."""
 
     def __init__(self, vocab_path: str):
-        if not gfile.exists(vocab_path):
-            raise UserInputError(f"vocabulary {vocab_path}: no such file")
-        with gfile.GFile(vocab_path, "rb") as f:
-            data = f.read()
+        vocabulary = WordPieceVocabulary(vocab_path)
         self.path = vocab_path
-        self.sha256 = hashlib.sha256(data).hexdigest()
-        self.tokens = data.decode("utf-8").splitlines()
-        index = {t: i for i, t in enumerate(self.tokens)}
-        missing = [t for t in _SPECIAL if t not in index]
-        if missing:
-            raise UserInputError(f"vocabulary {vocab_path}: missing special tokens {' '.join(missing)}")
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (index[t] for t in _SPECIAL)
-        self._tokenizer = None
+        self.sha256 = storage.file_sha256(vocab_path)
+        self.tokens = vocabulary.tokens
+        ids = vocabulary.special_ids
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids[name] for name in ("pad", "unk", "cls", "sep", "mask"))
+        self._tokenizer = vocabulary.bert_tokenizer
 
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
 
-    def _tf_tokenizer(self):
-        if self._tokenizer is None:
-            import tensorflow as tf
-            import tensorflow_text as tf_text
-
-            ids = tf.range(len(self.tokens), dtype=tf.int64)
-            table = tf.lookup.StaticVocabularyTable(
-                tf.lookup.KeyValueTensorInitializer(tf.constant(self.tokens), ids), num_oov_buckets=1)
-            self._tokenizer = tf_text.BertTokenizer(table, lower_case=True, token_out_type=tf.int64)
-        return self._tokenizer
-
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (no special tokens)."""
         out = []
         for begin in range(0, len(texts), _CHUNK):
-            ragged = self._tf_tokenizer().tokenize(list(texts[begin:begin + _CHUNK])).merge_dims(1, 2)
+            ragged = self._tokenizer.tokenize(list(texts[begin:begin + _CHUNK])).merge_dims(1, 2)
             out.extend(ragged.to_list())
         return out
 
@@ -75,7 +54,7 @@ class WordPiece:
         """
         parts, lengths = [], [np.zeros([1], np.int64)]
         for begin in range(0, len(words), _CHUNK):
-            ids, starts, ends = self._tf_tokenizer().tokenize_with_offsets(list(words[begin:begin + _CHUNK]))
+            ids, starts, ends = self._tokenizer.tokenize_with_offsets(list(words[begin:begin + _CHUNK]))
             ids, starts, ends = (x.merge_dims(1, 2) for x in (ids, starts, ends))
             parts.append([x.flat_values.numpy() for x in (ids, starts, ends)])
             lengths.append(np.diff(ids.row_splits.numpy()))
