@@ -72,8 +72,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
     from preprocess import wordpiece
 
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size)
-    with storage.atomic_file(vocab_txt) as f:
-        f.write(wordpiece.vocab_text(tokens))
+    wordpiece.write_vocab(vocab_txt, tokens)
     return vocab_txt
 
 
@@ -87,8 +86,7 @@ def prepare(config, pipeline_options=None) -> dict:
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:
-        with storage.atomic_file(vocab_txt) as f:
-            f.write(wordpiece.vocab_text(given))
+        wordpiece.write_vocab(vocab_txt, given)
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()

@@ -408,8 +408,7 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
         counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
-    with storage.atomic_file(target) as f:
-        f.write(wordpiece.vocab_text(tokens))
+    wordpiece.write_vocab(target, tokens)
     return tokens
 
 

@@ -40,6 +40,12 @@ def vocab_text(tokens: Sequence[str]) -> str:
     return "".join(t + "\n" for t in tokens)
 
 
+def write_vocab(path: str, tokens: Sequence[str]) -> None:
+    """Write a BERT vocab.txt atomically: a reader never sees half a vocabulary."""
+    with storage.atomic_file(path) as f:
+        f.write(vocab_text(tokens))
+
+
 def load_vocab(path: str) -> list[str]:
     """Read a BERT vocab.txt (one token per line, id = line number) and check its special tokens."""
     if not storage.gfile.exists(path):
