@@ -16,19 +16,9 @@ import seqio
 import tensorflow as tf
 
 from pmi_jax.errors import UserInputError
+from preprocess.wordpiece import read_vocab
 
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
-
-
-def read_vocab(path: str) -> list[str]:
-    """Tokens of a BERT vocab.txt, one per line; the id of a token is its line number."""
-    if not tf.io.gfile.exists(path):
-        raise UserInputError(f"{path}: no such vocabulary file")
-    with tf.io.gfile.GFile(path, "r") as f:
-        tokens = [line.rstrip("\n").rstrip("\r") for line in f]
-    while tokens and not tokens[-1]:
-        tokens.pop()
-    return tokens
 
 
 class WordPieceVocabulary(seqio.Vocabulary):

@@ -46,16 +46,28 @@ def write_vocab(path: str, tokens: Sequence[str]) -> None:
         f.write(vocab_text(tokens))
 
 
-def load_vocab(path: str) -> list[str]:
-    """Read a BERT vocab.txt (one token per line, id = line number) and check its special tokens."""
+def read_vocab(path: str) -> list[str]:
+    """Tokens of a BERT vocab.txt, one per line; the id of a token is its line number.
+
+    The one reader of vocab.txt files (training's seqio vocabulary uses it too). Strict UTF-8:
+    a vocabulary whose bytes do not decode is a broken file, not something to guess at.
+    """
     if not storage.gfile.exists(path):
-        raise UserInputError(f"--wordpiece {path}: no such file")
+        raise UserInputError(f"{path}: no such vocabulary file")
     with storage.gfile.GFile(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="strict")
-    tokens = text.split("\n")
-    if tokens and tokens[-1] == "":
+        try:
+            text = f.read().decode("utf-8", errors="strict")
+        except UnicodeDecodeError as e:
+            raise UserInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    tokens = [t.rstrip("\r") for t in text.split("\n")]
+    while tokens and not tokens[-1]:
         tokens.pop()
-    tokens = [t.rstrip("\r") for t in tokens]
+    return tokens
+
+
+def load_vocab(path: str) -> list[str]:
+    """Read a BERT vocab.txt and check it has what BERT needs (`check_vocab`)."""
+    tokens = read_vocab(path)
     check_vocab(tokens, path)
     return tokens
 

@@ -96,6 +96,25 @@ def test_bad_vocabulary_files(tmp_path, lines, message):
     assert str(path) in str(e.value)
 
 
+@pytest.mark.parametrize("content, message", [
+    (None, "no such vocabulary file"),
+    (b"[PAD]\n[UNK]\n\xff\xfe\n", "not UTF-8"),
+])
+def test_unreadable_vocabulary_files(tmp_path, content, message):
+    path = tmp_path / "vocab.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UserInputError, match=message) as e:
+        wordpiece.load_vocab(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_vocabulary_reader_keeps_ids_as_line_numbers(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"[PAD]\r\n[UNK]\r\n[CLS]\n[SEP]\n[MASK]\ncaf\xc3\xa9\n\n\n")
+    assert wordpiece.read_vocab(str(path)) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "café"]
+
+
 def test_training_on_nothing_is_an_error():
     with pytest.raises(UserInputError, match="no words"):
         wordpiece.train_vocab(wordpiece.count_words([[" "]]), size=100)
