@@ -59,8 +59,8 @@ def run_ours(corpus_dir: str, args, workers: int, memory_mb: int) -> dict:
 
     out = tempfile.mkdtemp(prefix="bench-vocab-")
     warm = os.path.join(out, "warm.txt")
-    with open(warm, "w") as f:
-        f.write("a b c a b c")
+    with open(warm, "w", encoding="utf-8") as f:
+        f.write("a b c a b c é")  # a non-ASCII word too: its tokenizer call is traced here, not timed
     build_vocabulary([warm], os.path.join(out, "warm"), VocabOptions(min_count=1, size=2, workers=workers))
     start_rss = _peak_rss_mb()
     wall, cpu = time.perf_counter(), _cpu_seconds()

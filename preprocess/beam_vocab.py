@@ -152,7 +152,7 @@ def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict
 
 def select(_, options, files: Sequence[str], frequent, counted, totals, distinct_words: int) -> dict:
     """Score, rank and cut with preprocess.build_vocab; return what the later stages need."""
-    from preprocess import build_vocab, masking_vocab
+    from preprocess import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
@@ -166,8 +166,7 @@ def select(_, options, files: Sequence[str], frequent, counted, totals, distinct
     # Coverage and elapsed time are filled in by the last stage; the key order stays the local one.
     stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0)
     return {
-        "texts": [t for s in selection.values() for t in s.texts],
-        "rows": [r for n, s in selection.items() for r in masking_vocab.format_rows(s.texts, n, s.counts, s.scores)],
+        "text": build_vocab.vocabulary_text(table, selection),
         "grams": {n: {tuple(w.encode("utf-8") for w in t.split(" ")) for t in s.texts} for n, s in selection.items()},
         "stats": stats,
     }
@@ -194,7 +193,7 @@ def write(selected: dict, output: str, started: float, covered: int) -> None:
     stats["coverage"] = covered / stats["words"]
     stats["elapsed_seconds"] = round(time.time() - started, 3)
     with storage.atomic_directory(output, overwrite=True) as tmp:
-        masking_vocab.write_vocabulary(tmp, selected["texts"], selected["rows"], stats)
+        masking_vocab.write_vocabulary(tmp, *selected["text"], stats)
 
 
 # ---------------------------------------------------------------------------------------------

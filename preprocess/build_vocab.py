@@ -8,6 +8,7 @@ only: the same bytes whatever the number of workers and whether counts spilled t
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import math
@@ -80,6 +81,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
 
     started = time.time()
     options = options.validated()
+    _keep_freed_memory_for_reuse()
     if storage.gfile.exists(output) and not overwrite:
         raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
     files = expand_inputs(inputs)
@@ -98,14 +100,32 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
         coverage = covered_fraction(stream, table, {n: s.index for n, s in selection.items()}, options.workers,
                                     chunk_positions, progress)
     stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started)
-    texts = [t for s in selection.values() for t in s.texts]
-    rows = [r for n, s in selection.items() for r in masking_vocab.format_rows(s.texts, n, s.counts, s.scores)]
+    vocab_lines, tsv_rows = vocabulary_text(table, selection)
     try:
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
-            masking_vocab.write_vocabulary(tmp, texts, rows, stats)
+            masking_vocab.write_vocabulary(tmp, vocab_lines, tsv_rows, stats)
     except FileExistsError:  # created by someone else while we counted
         raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
     return stats
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
+
+
+def _keep_freed_memory_for_reuse() -> None:
+    """Ask glibc's malloc to serve numpy's multi-megabyte temporaries from its heap and to keep
+    freed memory there (mmap threshold 64 MiB, trim threshold 512 MiB, for this process).
+
+    By default every array above 128 KiB-32 MiB is a fresh mmap, and each of its 4 KiB pages
+    faults on first touch: the build makes thousands of such temporaries (per chunk of 2^20
+    positions, per level), and the faults took about 12% of its CPU time. Not glibc: no-op.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 512 << 20)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclasses.dataclass
@@ -118,6 +138,7 @@ class SelectedNgrams:
     counts: np.ndarray
     scores: np.ndarray
     texts: list[str]
+    words: np.ndarray  # int32 [len(index), n]: frequent-word indices (table.ngram_words)
 
 
 def select_ngrams(table, options: VocabOptions) -> dict[int, SelectedNgrams]:
@@ -134,8 +155,99 @@ def select_ngrams(table, options: VocabOptions) -> dict[int, SelectedNgrams]:
             logging.warning("only %d %d-grams occur at least %d times, fewer than the quota of %d; "
                             "the shortfall is not given to other lengths", len(counts), n, options.min_count, quota)
         selection[n] = SelectedNgrams(quota=quota, candidates=len(counts), index=best, counts=counts[best],
-                                 scores=scores[best], texts=table.text(words_CxN[best]))
+                                      scores=scores[best], texts=table.text(words_CxN[best]), words=words_CxN[best])
     return selection
+
+
+def vocabulary_text(table, selection: dict[int, SelectedNgrams]) -> tuple[str, str]:
+    """The lines of masking_vocab.txt and the rows of masking_vocab.tsv, each ending in a newline."""
+    texts = [t for s in selection.values() for t in s.texts]
+    vocab_lines = "\n".join(texts) + "\n" if texts else ""
+    tsv_rows = "".join(tsv_rows_text(table, s.words, n, s.counts, s.scores) for n, s in selection.items())
+    return vocab_lines, tsv_rows
+
+
+def tsv_rows_text(table, words_CxN: np.ndarray, n: int, counts: np.ndarray, scores: np.ndarray) -> str:
+    """masking_vocab.tsv rows `{ngram}\t{n}\t{count}\t{repr(score)}`, each followed by a newline.
+
+    The score is written as repr() writes it (the shortest string that reads back as the same
+    float64), but repr alone takes about half a microsecond per score, and a Python string per
+    row adds more. Here the digits of all rows are computed at once (`_score_chars`), laid out in a character matrix, one row's
+    "\t{n}\t{count}\t{score}" after another, and joined to the n-gram texts by `join_pieces_as_lines`.
+    """
+    from preprocess.ngram_counts import join_pieces_as_lines
+
+    buffer, starts, lengths = table.text_spans(words_CxN)
+    count_chars, count_digits = _decimal_chars(np.asarray(counts, np.int64))
+    score_chars, score_starts, score_lengths = _score_chars(np.asarray(scores, np.float64))
+    rows = len(count_chars)
+    separator = np.frombuffer(f"\t{n}\t".encode(), np.uint8)
+    # One row per n-gram: the separator, the count right-aligned in its columns, a tab, the score
+    # within its columns; `keep` marks the characters that belong to the row's text.
+    suffix = np.concatenate([np.broadcast_to(separator, (rows, len(separator))), count_chars,
+                             np.full([rows, 1], ord("\t"), np.uint8), score_chars], axis=1)
+    column = np.arange(suffix.shape[1])[None, :]
+    tab = len(separator) + count_chars.shape[1]  # the column of the tab after the count
+    score_start = tab + 1 + score_starts[:, None]
+    keep = ((column < len(separator)) | ((column >= tab - count_digits[:, None]) & (column <= tab))
+            | ((column >= score_start) & (column < score_start + score_lengths[:, None])))
+    suffix_lengths = len(separator) + count_digits + 1 + score_lengths
+    return join_pieces_as_lines(np.concatenate([buffer, suffix[keep]]),
+                                np.column_stack([starts, len(buffer) + np.cumsum(suffix_lengths) - suffix_lengths]),
+                                np.column_stack([lengths, suffix_lengths]))
+
+
+def _decimal_chars(values: np.ndarray, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative integers as ASCII digits: (uint8 [len, width], right-aligned with leading zeros;
+    the number of digits without them)."""
+    width = width or len(str(int(values.max(initial=0))))
+    chars = np.empty([len(values), width], np.uint8)
+    # uint32 where the values allow: numpy divides it several times faster than int64.
+    dtype = np.uint32 if values.max(initial=0) < 2**32 else np.int64
+    rest, ten = values.astype(dtype), dtype(10)
+    for column in range(width - 1, -1, -1):
+        quotient = rest // ten
+        chars[:, column] = rest - quotient * ten + dtype(ord("0"))
+        rest = quotient
+    leading_zeros = np.argmax(chars != ord("0"), axis=1)  # 0 where all are zeros: the value 0
+    return chars, np.where(values > 0, width - leading_zeros, 1)
+
+
+def _score_chars(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """repr() of each float64 as (uint8 chars [len, width], start and length of each within its row).
+
+    Fast where |score| is in [1e-4, 2^21) and is the float nearest to a decimal q / 10^9 (scores
+    are rounded to 9 decimals before ranking): there q is found exactly as rint(|score| * 10^9),
+    no other decimal of at most 9 places lies within the float's half-ulp (< 10^-9 / 2), so the
+    shortest round-trip string, repr's, is q / 10^9 without trailing zeros, and repr uses no
+    exponent in that range. Other scores go through repr().
+    """
+    magnitude = np.abs(scores)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and nan are not fast
+        scaled = np.rint(magnitude * 1e9)
+        fast = (magnitude >= 1e-4) & (magnitude < 2.0**21) & (scaled / 1e9 == magnitude)
+    whole, fraction = np.divmod(np.where(fast, scaled, 0).astype(np.int64), 10**9)
+    whole_chars, whole_digits = _decimal_chars(whole)
+    fraction_chars, _ = _decimal_chars(fraction, 9)
+    # Trailing zeros go, but one digit stays ("3.0").
+    fraction_digits = np.where(fraction > 0, 9 - np.argmax(fraction_chars[:, ::-1] != ord("0"), axis=1), 1)
+    rows = np.arange(len(scores))
+    chars = np.column_stack([np.full(len(scores), ord("-"), np.uint8), whole_chars,
+                             np.full(len(scores), ord("."), np.uint8), fraction_chars])
+    negative = scores < 0
+    starts = 1 + whole_chars.shape[1] - whole_digits - negative
+    chars[rows[negative], starts[negative]] = ord("-")
+    lengths = negative + whole_digits + 1 + fraction_digits
+    slow = np.flatnonzero(~fast)
+    if len(slow):
+        texts = [repr(float(s)).encode() for s in scores[slow]]
+        width = max(chars.shape[1], max(map(len, texts)))
+        chars = np.pad(chars, [(0, 0), (0, width - chars.shape[1])])
+        for row, text in zip(slow.tolist(), texts):
+            chars[row, :len(text)] = np.frombuffer(text, np.uint8)
+        starts[slow] = 0
+        lengths[slow] = np.fromiter(map(len, texts), np.int64, len(texts))
+    return chars, starts, lengths
 
 
 def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float) -> dict:

@@ -135,8 +135,14 @@ def test_ngrams_never_cross_documents(tmp_path):
     assert table.keys[3].size == 0
 
 
-def test_covered_fraction_matches_brute_force(corpus):
+@pytest.mark.parametrize("ids_on_disk", [False, True])
+def test_covered_fraction_matches_brute_force(corpus, tmp_path, ids_on_disk):
     files, stream, table, _ = corpus
+    if ids_on_disk:  # a memory budget too small to hold the per-position n-gram indices
+        stream, _ = count(files, tmp_path, budget=256)
+        assert all(isinstance(ids, np.memmap) for ids in stream.ngram_ids.values())
+    else:
+        assert not any(isinstance(ids, np.memmap) for ids in stream.ngram_ids.values())
     rng = np.random.default_rng(1)
     selected = {n: np.flatnonzero(rng.random(len(table.keys[n])) < 0.3) for n in range(2, MAX_N + 1)}
     chosen = {tuple(t.split(" ")) for n in selected for t in table.text(table.ngram_words(n)[selected[n]])}
@@ -148,7 +154,7 @@ def test_covered_fraction_matches_brute_force(corpus):
                 inside[i:i + n] = True
         covered += inside.sum()
         total += len(words)
-    for chunk in (7, 1 << 20):
+    for chunk in (2, 7, 1 << 20):
         got = ngram_counts.covered_fraction(stream, table, selected, workers=2, chunk_positions=chunk)
         assert got == covered / total
     assert 0 < covered < total
@@ -172,3 +178,66 @@ def test_lookup_of_large_keys_in_several_sorted_blocks():
     expected = np.searchsorted(keys, queries)
     expected = np.where(keys[np.minimum(expected, len(keys) - 1)] == queries, expected, -1)
     np.testing.assert_array_equal(ngram_counts.lookup(keys, queries), expected)
+
+
+def _stream_contents(stream):
+    return (stream.words, stream.word_counts.tolist(), stream.ids().tolist(), stream.documents, stream.num_positions)
+
+
+@pytest.fixture
+def long_word_corpus(tmp_path):
+    """Words of every length 1..40 bytes (keys of up to 7 bytes are exact, longer ones hashed),
+    accents, and text the fast splitter hands to tensorflow_text, over several batches."""
+    rng = np.random.default_rng(3)
+    vocabulary = ["x" * n for n in range(1, 41)] + ["X" * 12, "internationalisation", "internationalization", "naïve",
+                                                    "ﬁnal", "中文", "a\u0301b", "ab", "Ab", ",", "."]
+    documents = [" ".join(rng.choice(vocabulary, size=rng.integers(1, 40))) for _ in range(200)]
+    (tmp_path / "text.txt").write_text("\n\n".join(documents))
+    return [str(tmp_path / "text.txt")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_word_keys_give_the_same_stream_as_words_as_strings(long_word_corpus, tmp_path, workers):
+    by_keys = ngram_counts.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, workers, batch_chars=700)
+    keyed = _stream_contents(by_keys)
+    (tmp_path / "strings").mkdir()
+    by_strings = ngram_counts._tokenise_corpus_by_strings(long_word_corpus, str(tmp_path / "strings"), MAX_N, workers,
+                                                          False, 700)
+    assert keyed == _stream_contents(by_strings)
+
+
+def test_word_keys_of_short_words_are_their_bytes():
+    from preprocess.words import split_words_spans
+
+    spans = split_words_spans(["a ab abc abcdefg abcdefgh b a abc"])
+    keys = ngram_counts.word_keys(spans.buffer, spans.starts, spans.lengths)
+    assert keys[0] == keys[6] and keys[2] == keys[7] and len(set(keys[:6].tolist())) == 6
+    assert keys[1] == int.from_bytes(b"ab", "little") | 2 << 56
+
+
+@pytest.mark.parametrize("batch_chars", [700, 1_000_000])  # a collision inside one batch, and across batches
+def test_a_key_collision_falls_back_to_exact_strings(long_word_corpus, tmp_path, monkeypatch, caplog, batch_chars):
+    (tmp_path / "strings").mkdir()
+    expected = _stream_contents(ngram_counts._tokenise_corpus_by_strings(
+        long_word_corpus, str(tmp_path / "strings"), MAX_N, 1, False, batch_chars))
+    # Every long word of the same length gets the same key.
+    monkeypatch.setattr(ngram_counts, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
+    stream = ngram_counts.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, 1, batch_chars=batch_chars)
+    assert _stream_contents(stream) == expected
+    assert "hash alike" in caplog.text
+
+
+def test_join_pieces():
+    buffer = np.frombuffer("ab cé".encode(), np.uint8)
+    assert ngram_counts.join_pieces(buffer, np.array([[0, 2, 3], [3, 1, 0]]), np.array([[2, 1, 3], [3, 1, 0]])) == \
+        ["ab cé", "cé" + "b"]
+    assert ngram_counts.join_pieces(buffer, np.zeros([0, 2], np.int64), np.zeros([0, 2], np.int64)) == []
+
+
+def test_a_key_collision_across_batches_falls_back_to_exact_strings(tmp_path, monkeypatch, caplog):
+    (tmp_path / "text.txt").write_text("internationalisation a\n\nb internationalization")
+    monkeypatch.setattr(ngram_counts, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
+    stream = ngram_counts.tokenise_corpus([str(tmp_path / "text.txt")], str(tmp_path), MAX_N, 1, batch_chars=10)
+    assert stream.words == [b"", b"internationalisation", b"a", b"b", b"internationalization"]
+    assert stream.ids().tolist() == [1, 2, 0, 3, 4, 0]
+    assert "hash alike" in caplog.text
