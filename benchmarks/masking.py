@@ -1,6 +1,6 @@
 """Masking throughput per CPU core: every scheme in-graph, against a per-example Python masker.
 
-    python benchmarks/masking.py DATA_DIR [--split train] [--num 2000] [--seconds 3]
+    python benchmarks/masking.py DATA_DIR [--split train] [--num 2000] [--seconds 3] [--rounds 5]
 
 DATA_DIR is a prepared corpus (`pmi-jax corpus prepare`; 512-token sequences for the
 figures in benchmarks/README.md). The process pins itself to one CPU core and TensorFlow to
@@ -12,6 +12,9 @@ and, for `pmi`, a straightforward per-example NumPy/Python implementation of the
 masking on the same parsed sequences, written the way data collators commonly are (group
 token positions into units in a dict, shuffle the unit list, greedy fill in a Python loop,
 80/10/10 per unit). Target: >= 2,000 sequences/s per core for `pmi` and >= 10x Python.
+The two ratios are printed twice: from the table (measurements a minute apart), and from
+`--rounds` alternate timings of `pmi` mask and Python, which a drifting load on a shared
+machine affects alike.
 """
 from __future__ import annotations
 
@@ -94,6 +97,8 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=2000, help="sequences held in memory for `mask` and Python "
                         "(default: 2000)")
     parser.add_argument("--seconds", type=float, default=3.0, help="timing per measurement (default: 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternate timings of pmi mask and Python "
+                        "(default: 5)")
     args = parser.parse_args()
 
     corpus = tasks.PreparedCorpus(args.data_dir)
@@ -115,23 +120,34 @@ def main() -> None:
     regular_ids_tf = tf.constant(regular_ids)
 
     print(f"{'scheme':<14}{'mask':>10}{'task':>10}   sequences/s/core")
-    results = {}
+    results, mask_streams = {}, {}  # the `pmi` stream is timed again below
     for scheme in corpus.schemes:
         masked = _single_threaded(parsed.repeat().map(lambda batch: masking.mask_batch(
             batch, scheme, batch["key"], mask_id=corpus.special_ids["mask"], regular_ids_V=regular_ids_tf)))
         task = tasks.make_task(f"bench_{scheme}", corpus, scheme)
         examples = _single_threaded(task.get_dataset(None, args.split, seed=0, num_epochs=None).batch(128))
-        results[scheme] = (_rate(_batch_sizes(masked), args.seconds), _rate(_batch_sizes(examples), args.seconds))
+        mask_streams[scheme] = _batch_sizes(masked)
+        results[scheme] = (_rate(mask_streams[scheme], args.seconds), _rate(_batch_sizes(examples), args.seconds))
         print(f"{scheme:<14}{results[scheme][0]:>10,.0f}{results[scheme][1]:>10,.0f}", flush=True)
 
     if "pmi" in results:
         rng = np.random.default_rng(0)
         mask_id = corpus.special_ids["mask"]
-        python = _rate((len(python_pmi_mask(ex["input_ids"], ex["units_pmi"], rng, mask_id, regular_ids)) and 1
-                        for ex in itertools.cycle(sequences)), args.seconds)
+        python_stream = (len(python_pmi_mask(ex["input_ids"], ex["units_pmi"], rng, mask_id, regular_ids)) and 1
+                         for ex in itertools.cycle(sequences))
+        python = _rate(python_stream, args.seconds)
         print(f"{'pmi (Python)':<14}{python:>10,.0f}")
         print(f"\npmi in-graph / Python: {results['pmi'][0] / python:.1f}x (mask), "
               f"{results['pmi'][1] / python:.1f}x (task)")
+        # On a shared machine the load drifts between the measurements above, taken a minute
+        # apart; timing `mask` and Python alternately, in short slices, compares them under the
+        # same conditions. Same iterators, same work on both sides.
+        ratios = []
+        for _ in range(args.rounds):
+            mask_rate = _rate(mask_streams["pmi"], args.seconds / 2)
+            ratios.append(mask_rate / _rate(python_stream, args.seconds / 2))
+        print(f"pmi mask / Python, timed alternately ({args.rounds} rounds of {args.seconds / 2:g} s each): "
+              f"median {np.median(ratios):.1f}x (range {min(ratios):.1f}-{max(ratios):.1f}x)")
 
 if __name__ == "__main__":
     main()

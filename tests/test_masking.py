@@ -269,28 +269,100 @@ def _greedy_scan(sizes, budget):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 12), min_size=16, max_size=16), min_size=1, max_size=6),
        st.lists(st.integers(0, 40), min_size=6, max_size=6))
-def test_vectorised_greedy_fill_equals_the_sequential_scan(sizes, budgets):
+def test_greedy_fill_equals_the_sequential_scan(sizes, budgets):
     budgets = budgets[:len(sizes)]
     taken = masking.greedy_fill(tf.constant(sizes), tf.constant(budgets)).numpy()
     for row, size_row, budget in zip(taken, sizes, budgets):
         assert row.tolist() == _greedy_scan(size_row, budget)
 
 
-@pytest.mark.parametrize("window", [1, 3, None])  # None: the default, one more than the largest budget
-def test_select_units_is_the_greedy_fill_over_the_random_order(window):
-    """The windowed scan equals sorting all units by priority and scanning them one by one."""
-    rng = np.random.default_rng(window or 0)
-    batch, length = 48, 40
+def _random_units(rng, batch: int, length: int) -> np.ndarray:
+    """Unit ids [batch, length]: runs of 1-5 tokens after a special token, some slots unused."""
     unit_ids = np.full((batch, length), -1, np.int32)
     for row in unit_ids:
         n = rng.integers(2, length)
-        row[1:n] = np.repeat(np.arange(length), rng.integers(1, 6, size=length))[:n - 1]
+        ids = np.sort(rng.choice(length, size=length, replace=True))  # repeated ids: unused slots between
+        row[1:n] = np.repeat(ids, rng.integers(1, 6, size=length))[:n - 1]
+    return unit_ids
+
+
+@pytest.mark.parametrize("window", [1, 3, None])  # None: the default, one more than the largest budget
+def test_select_units_is_the_greedy_scan_of_the_first_draws(window):
+    """The windowed draws equal a plain scan: draw slots one by one (the `_ORDER` stream),
+    skip those drawn before, take a unit if it fits what is left of the budget. The compiled
+    masking (XLA) selects exactly the same tokens."""
+    rng = np.random.default_rng(window or 0)
+    batch, length = 48, 40
+    unit_ids = _random_units(rng, batch, length)
     budgets = rng.integers(1, 15, size=batch).astype(np.int32)
     keys = masking.example_keys(tf.constant(rng.integers(0, 2**40, size=batch)))
     selected = masking.select_units(tf.constant(unit_ids), tf.constant(budgets), keys, window).numpy()
-    priorities = masking.random_uniform(keys, masking._ORDER, length).numpy()  # the order's stream
-    for row, chosen, budget, priority in zip(unit_ids, selected, budgets, priorities):
+    for row, chosen, budget, key in zip(unit_ids, selected, budgets, keys):
         sizes = np.bincount(row[row >= 0], minlength=length)
-        order = np.argsort(priority, kind="stable")
+        draws = masking.random_below(key[None], masking._ORDER, 20 * length, int(row.max()) + 1).numpy()[0]
+        order = list(dict.fromkeys(draws.tolist()))  # first occurrences, in draw order
+        assert set(order) == set(range(row.max() + 1)), "20 L draws reach every slot"
         taken = [u for u, take in zip(order, _greedy_scan(sizes[order], budget)) if take]
         np.testing.assert_array_equal(chosen, np.isin(row, taken) & (row >= 0))
+    if window is None:
+        # Word ids with 15% of their tokens as the budget, as `mask_batch` counts it.
+        word_ids = np.where(unit_ids >= 0, 0, -1).astype(np.int32)
+        budgets = masking.masking_budget((word_ids >= 0).sum(axis=1))
+        reference = masking.select_units(tf.constant(unit_ids), tf.constant(budgets), keys).numpy()
+        _, compiled = masking._compiled_mask_units(length, 3)(
+            tf.constant(unit_ids), tf.constant(unit_ids), tf.constant(word_ids), keys, tf.constant([5, 6, 7]),
+            tf.constant(MASK))
+        np.testing.assert_array_equal(compiled.numpy(), reference.astype(np.float32))
+
+
+def test_random_order_is_uniform_over_units_whatever_their_size_or_slot():
+    """The first unit of the order is uniform over the units; so is the first pair.
+
+    Units of 3-5 tokens under a budget of 5: the fill takes exactly one unit, the first of
+    the order. Units of 3 tokens under a budget of 6: exactly two, the first two. Unit ids
+    leave slots unused (drawn, then skipped as empty), which must not skew the order.
+    """
+    rng = np.random.default_rng(7)
+    batch, length, n = 6000, 64, 12
+    unit_ids = np.full((batch, length), -1, np.int32)
+    slots = np.stack([np.sort(rng.choice(40, size=n, replace=False)) for _ in range(batch)])
+    sizes = rng.integers(3, 6, size=(batch, n))
+    for row, row_slots, row_sizes in zip(unit_ids, slots, sizes):
+        tokens = np.repeat(row_slots, row_sizes)
+        row[1:1 + len(tokens)] = tokens
+    keys = masking.example_keys(tf.range(batch, dtype=tf.int64), tf.constant(11, tf.int64))
+    selected = masking.select_units(tf.constant(unit_ids), tf.fill([batch], 5), keys).numpy()
+    first = []
+    for row, chosen, row_slots in zip(unit_ids, selected, slots):
+        taken = np.unique(row[chosen])
+        assert len(taken) == 1
+        first.append(int(np.flatnonzero(row_slots == taken[0])[0]))  # rank of the unit in its row
+    # Chi-square of the first unit's rank among the row's 12 units against uniform; p > 1e-3.
+    assert stats.chisquare(np.bincount(first, minlength=n)).pvalue > 1e-3
+    # And by size: a unit of size s comes first with probability (units of size s) / 12.
+    first_sizes = sizes[np.arange(batch), first]
+    expected = sum(np.bincount(row_sizes, minlength=6)[3:] / n for row_sizes in sizes)
+    assert stats.chisquare(np.bincount(first_sizes, minlength=6)[3:], expected).pvalue > 1e-3
+
+    pair_ids = np.full((batch, length), -1, np.int32)
+    pair_ids[:, 1:1 + 3 * n] = np.repeat(np.arange(n), 3)
+    selected = masking.select_units(tf.constant(pair_ids), tf.fill([batch], 6), keys).numpy()
+    pairs = []
+    for row, chosen in zip(pair_ids, selected):
+        a, b = np.unique(row[chosen])
+        pairs.append(a * n + b)
+    counts = np.bincount(pairs, minlength=n * n).reshape(n, n)[np.triu_indices(n, 1)]
+    assert counts.sum() == batch
+    # Chi-square of the first two units (unordered) against uniform over the 66 pairs; p > 1e-3.
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("n", [1, 7, 293, 30522, 65535, 65536, 119547, "per row"])
+def test_random_below_is_the_exact_high_word_of_bits_times_n(n):
+    """floor(bits * n / 2^32) for the stream's 32-bit draws, as a 64-bit product gives it."""
+    keys = masking.example_keys(tf.range(64, dtype=tf.int64))
+    bound = np.arange(1, 65) * 1000 if n == "per row" else n
+    drawn = masking.random_below(keys, masking._REPLACEMENT, 300, tf.constant(bound) if n == "per row" else n)
+    bits = masking.random_bits(keys, masking._REPLACEMENT, 300).numpy().astype(np.uint64)
+    expected = (bits * np.asarray(bound, np.uint64).reshape(-1, 1)) >> np.uint64(32)
+    np.testing.assert_array_equal(drawn.numpy(), expected)
