@@ -181,3 +181,22 @@ def test_flops_formula_matches_the_compiled_training_step():
     # Halving the attention term (a causal count) would fall outside that band.
     attention = 12 * config.num_layers * length * config.hidden_size * batch * length
     assert cost["flops"] > expected - attention / 2
+
+
+def test_dropout_keep_mask_has_the_keep_rate_and_independent_pairs():
+    from pmi_jax.model import Dropout, _keep_mask
+
+    keep = np.asarray(_keep_mask(jax.random.PRNGKey(7), 0.9, (64, 4, 128, 256)))
+    n = keep.size
+    assert abs(keep.mean() - 0.9) < 4 * np.sqrt(0.09 / n)
+    # The two words of one threefry block feed adjacent elements: they must be independent.
+    both = (keep[..., 0::2] & keep[..., 1::2]).mean()
+    assert abs(both - 0.81) < 4 * np.sqrt(0.81 * 0.19 / (n // 2))
+    np.testing.assert_array_equal(keep, np.asarray(_keep_mask(jax.random.key(7), 0.9, keep.shape)))
+    assert _keep_mask(jax.random.PRNGKey(7), 0.9, (3, 5)).shape == (3, 5)  # odd last axis: fallback
+
+    x = jnp.arange(1.0, 13.0).reshape(3, 4)
+    rng = jax.random.PRNGKey(3)
+    y = Dropout(0.5).apply({}, x, deterministic=False, rngs={"dropout": rng})
+    kept = np.asarray(y) != 0
+    np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / 0.5)
