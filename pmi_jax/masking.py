@@ -33,7 +33,7 @@ is slow on CPU in TensorFlow and slower still under XLA.
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import tensorflow as tf
 
@@ -313,24 +313,23 @@ def _unit_slots(unit_ids_BxL: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return index_BxL, tf.where(tf.range(length + 1)[None, :] < length, sizes_BxU, 0)
 
 
+def _token_codes(unit_ids_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, window: int | None) -> tf.Tensor:
+    """int32 [B, L]: each token's `_unit_codes` code, the fate of its unit (`_UNSELECTED` for
+    tokens in no unit). window: draws per step, by default one more than the largest budget."""
+    index_BxL, sizes_BxU = _unit_slots(unit_ids_BxL)
+    code_BxU = _unit_codes(sizes_BxU, budget_B, key_Bx2, window or masking_budget(unit_ids_BxL.shape[1]) + 1)
+    return tf.gather(tf.reshape(code_BxU, [-1]), index_BxL)
+
+
 def select_units(
     unit_ids_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, window: int | None = None
 ) -> tf.Tensor:
     """bool [B, L]: the tokens of the units a greedy fill takes in a uniformly random order.
 
     Unit ids are indices in [0, L) (at most one unit per token); -1 marks tokens in no unit.
-    The order and the fill are `_unit_codes`' (window: draws per step, by default one more
-    than the largest budget).
+    The order and the fill are `_unit_codes`'.
     """
-    index_BxL, sizes_BxU = _unit_slots(unit_ids_BxL)
-    code_BxU = _unit_codes(sizes_BxU, budget_B, key_Bx2, window or masking_budget(unit_ids_BxL.shape[1]) + 1)
-    return tf.gather(tf.reshape(code_BxU, [-1]), index_BxL) != _UNSELECTED
-
-
-def regular_ids(vocab_size: int, special_ids: Sequence[int]) -> tf.Tensor:
-    """int32 [V']: every id of the vocabulary except the special ones, for random replacement."""
-    special = set(int(i) for i in special_ids)
-    return tf.constant([i for i in range(vocab_size) if i not in special], tf.int32)
+    return _token_codes(unit_ids_BxL, budget_B, key_Bx2, window) != _UNSELECTED
 
 
 def _mask_units(
@@ -349,9 +348,7 @@ def _mask_units(
     """
     length = input_ids_BxL.shape[1]
     budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1))
-    index_BxL, sizes_BxU = _unit_slots(unit_ids_BxL)
-    code_BxU = _unit_codes(sizes_BxU, budget_B, key_Bx2, masking_budget(length) + 1)
-    code_BxL = tf.gather(tf.reshape(code_BxU, [-1]), index_BxL)
+    code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, None)
     draw_BxL = random_below(key_Bx2, _REPLACEMENT, length, int(regular_ids_V.shape[0]))
     corrupted_BxL = tf.where(code_BxL == _RANDOMISED, tf.gather(regular_ids_V, draw_BxL), input_ids_BxL)
     corrupted_BxL = tf.where(code_BxL == _MASKED, mask_id, corrupted_BxL)
