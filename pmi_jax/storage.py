@@ -14,6 +14,8 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from pmi_jax.errors import UserInputError
+
 gfile = tf.io.gfile
 
 
@@ -32,6 +34,17 @@ def temporary_sibling(path: str) -> str:
     path = path.rstrip("/")
     parent, name = os.path.split(path)
     return join(parent or ".", f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+def existing_output_error(path: str) -> UserInputError:
+    """The one-line error for an --output that exists and may not be replaced."""
+    return UserInputError(f"--output {path}: already exists (pass --overwrite to replace it)")
+
+
+def check_new_output(path: str, overwrite: bool) -> None:
+    """Refuse an existing --output before any work starts, unless it may be replaced."""
+    if not overwrite and gfile.exists(path):
+        raise existing_output_error(path)
 
 
 @contextlib.contextmanager

@@ -242,16 +242,16 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
                      pipeline_options=None) -> dict:
     """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
     from pmi_jax import storage
+    from preprocess import masking_vocab
     from preprocess.build_vocab import VocabOptions
     from preprocess.documents import expand_inputs
 
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.
     options = dataclasses.replace(options or VocabOptions(), workers=1).validated()
-    if storage.gfile.exists(output) and not overwrite:
-        raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
+    storage.check_new_output(output, overwrite)
     files = expand_inputs(inputs)
     with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
-    with storage.gfile.GFile(storage.join(output, "stats.json")) as f:
+    with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:
         return json.load(f)

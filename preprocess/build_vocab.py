@@ -82,8 +82,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     started = time.time()
     options = options.validated()
     _keep_freed_memory_for_reuse()
-    if storage.gfile.exists(output) and not overwrite:
-        raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
+    storage.check_new_output(output, overwrite)
     files = expand_inputs(inputs)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
     with tempfile.TemporaryDirectory(prefix="pmi-jax-vocab-", dir=options.tmp_dir) as work_dir:
@@ -105,7 +104,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
             masking_vocab.write_vocabulary(tmp, vocab_lines, tsv_rows, stats)
     except FileExistsError:  # created by someone else while we counted
-        raise UserInputError(f"--output {output}: already exists (pass --overwrite to replace it)")
+        raise storage.existing_output_error(output)
     return stats
 
 

@@ -35,3 +35,19 @@ def test_atomic_directory(tmp_path):
         storage.gfile.GFile(storage.join(tmp, "b"), "w").write("y")
     assert sorted(p.name for p in target.iterdir()) == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab"]
+
+
+def test_an_existing_output_is_refused_before_any_work_unless_overwritten(tmp_path, capsys):
+    from pmi_jax.cli import main
+    from pmi_jax.errors import UserInputError
+
+    existing = tmp_path / "out"
+    existing.mkdir()
+    with pytest.raises(UserInputError, match=rf"^--output {existing}: already exists \(pass --overwrite"):
+        storage.check_new_output(str(existing), overwrite=False)
+    storage.check_new_output(str(existing), overwrite=True)
+    storage.check_new_output(str(tmp_path / "new"), overwrite=False)
+    # The CLI commands that write an --output share the check and its one-line error.
+    assert main(["demo-corpus", "--output", str(existing)]) == 2
+    assert capsys.readouterr().err.endswith(f"--output {existing}: already exists (pass --overwrite to replace it)\n")
+    assert list(existing.iterdir()) == []

@@ -83,10 +83,8 @@ def run_dump(args: argparse.Namespace) -> int:
     import json
 
     from pmi_jax import storage
-    from pmi_jax.errors import UserInputError
 
-    if storage.gfile.exists(args.output) and not args.overwrite:
-        raise UserInputError(f"--output {args.output}: already exists (pass --overwrite to replace it)")
+    storage.check_new_output(args.output, args.overwrite)
     _, examples = _examples(args)
     count = 0
     with storage.atomic_file(args.output) as f:

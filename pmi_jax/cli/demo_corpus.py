@@ -19,11 +19,9 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from pmi_jax.errors import UserInputError
     from preprocess.demo_corpus import iter_demo_documents
 
-    if storage.gfile.exists(args.output) and not args.overwrite:
-        raise UserInputError(f"--output {args.output}: already exists (pass --overwrite to replace it)")
+    storage.check_new_output(args.output, args.overwrite)
     count = 0
     with storage.atomic_directory(args.output, overwrite=True) as tmp:
         with storage.gfile.GFile(storage.join(tmp, "stdlib_docs.txt"), "w") as f:
