@@ -37,18 +37,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import tqdm
 
+from preprocess.segmentation import GOLDEN, mix64
+
 SEPARATOR = 0  # id written after every document; never a word
 _PARTITION_BITS = 6
 NUM_PARTITIONS = 1 << _PARTITION_BITS  # hash partitions of the (key, count) pairs of one level
 _PARTITION_SHIFT = np.uint64(64 - _PARTITION_BITS)  # the top bits of the 64-bit hash pick the partition
-
-
-def _hash64(keys: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a cheap, well-mixed 64-bit hash of int64 keys, vectorised."""
-    z = keys.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def ordered_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
@@ -359,7 +353,7 @@ def _sum_by_key(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def _split_partitions(keys: np.ndarray, counts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """(keys, counts) -> one (keys, counts) pair per hash partition; keys stay sorted inside each."""
-    partition = (_hash64(keys) >> _PARTITION_SHIFT).astype(np.uint8)
+    partition = (mix64(keys.astype(np.uint64) + GOLDEN) >> _PARTITION_SHIFT).astype(np.uint8)
     order = np.argsort(partition, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(partition, minlength=NUM_PARTITIONS))])
     keys, counts = keys[order], counts[order]

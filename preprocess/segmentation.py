@@ -35,11 +35,14 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: splitmix64's increment
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection on uint64 whose output bits all depend on all input bits."""
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 whose output bits all depend on all input bits.
+
+    The project's one 64-bit mixer in numpy: span priorities here, count partitions in
+    preprocess.ngram_counts."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -48,9 +51,9 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 def span_priority(seed: int, doc_index: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Pseudo-random uint64 priority of span [start, end) of document `doc_index` (broadcasts)."""
     with np.errstate(over="ignore"):
-        h = _mix64(np.full(np.shape(start), seed, dtype=np.uint64) + _GOLDEN)
+        h = mix64(np.full(np.shape(start), seed, dtype=np.uint64) + GOLDEN)
         for value in (doc_index, start, end):
-            h = _mix64((h ^ np.asarray(value).astype(np.uint64)) + _GOLDEN)
+            h = mix64((h ^ np.asarray(value).astype(np.uint64)) + GOLDEN)
     return h
 
 
