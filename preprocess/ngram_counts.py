@@ -94,22 +94,6 @@ class CorpusStream:
         return np.memmap(self.path, dtype=np.int32, mode="r", shape=(self.length,))
 
 
-@functools.cache
-def _tokenise_fn():
-    """Traced once per process: words of a batch, as the batch's unique words + indices into them."""
-    import tensorflow as tf
-
-    from preprocess.words import split_words_ragged
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
-    def tokenise(documents):
-        words = split_words_ragged(documents)
-        unique, inverse = tf.unique(words.flat_values, out_idx=tf.int32)
-        return unique, inverse, words.row_lengths()
-
-    return tokenise
-
-
 class WordKeyCollision(Exception):
     """Two different words got the same key (two long words with equal 56-bit hashes)."""
 
@@ -274,12 +258,12 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     import tensorflow as tf
 
     from preprocess.documents import iter_document_batches
-
-    tokenise = _tokenise_fn()
+    from preprocess.words import split_words_flat
 
     def run(batch: list[str]):
-        unique, inverse, lengths = tokenise(tf.constant(batch))
-        return unique.numpy(), inverse.numpy(), lengths.numpy()
+        words, row_splits = split_words_flat(batch)
+        unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
+        return unique.numpy(), inverse.numpy(), np.diff(row_splits)
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
     vocab: dict[bytes, int] = {}

@@ -29,12 +29,24 @@ def split_words_ragged(documents: Sequence[str] | tf.Tensor) -> tf.RaggedTensor:
     return _TOKENIZER.tokenize(documents)
 
 
-def split_words_flat(documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+@functools.cache
+def _traced_split_words():
+    """The tokenizer as one traced call: eager, its dozens of ops cost milliseconds of dispatch."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+    def split(documents):
+        words = split_words_ragged(documents)
+        return words.flat_values, words.row_splits
+
+    return split
+
+
+def split_words_flat(documents: Sequence[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Words of a batch as (flat array of bytes objects, row_splits int64 [documents + 1])."""
     if not documents:
         return np.zeros([0], dtype=object), np.zeros([1], dtype=np.int64)
-    ragged = split_words_ragged(tf.constant(list(documents)))
-    return ragged.flat_values.numpy(), ragged.row_splits.numpy()
+    flat, row_splits = _traced_split_words()(tf.constant(list(documents), tf.string))
+    return flat.numpy(), row_splits.numpy()
 
 
 def split_words(documents: Sequence[str]) -> list[list[str]]:
@@ -129,25 +141,13 @@ def _span_indices(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.arange(lengths.sum()) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
 
 
-@functools.cache
-def _tokenise_chunks_fn():
-    """The tokenizer as one traced call: eager, its dozens of ops cost milliseconds of dispatch."""
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
-    def tokenise(chunks):
-        words = split_words_ragged(chunks)
-        return words.flat_values, words.row_lengths()
-
-    return tokenise
-
-
 def _insert_chunk_words(text: bytes, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                         chunk_starts: np.ndarray, chunk_ends: np.ndarray, doc_ends: np.ndarray):
     """Tokenise the chunks with tensorflow_text, append their words to the buffer, and place them
     among the ASCII words at their chunks' positions. Also returns the chunk words per document."""
     chunks = [text[s:e] for s, e in zip(chunk_starts.tolist(), chunk_ends.tolist())]
-    flat, row_lengths = _tokenise_chunks_fn()(tf.constant(chunks, tf.string))
-    words, row_lengths = flat.numpy().tolist(), row_lengths.numpy()
+    flat, row_splits = split_words_flat(chunks)
+    words, row_lengths = flat.tolist(), np.diff(row_splits)
     chunk_lengths = np.fromiter(map(len, words), np.int64, len(words))
     base = len(buffer) - SPAN_PADDING
     buffer = np.concatenate([buffer[:base], np.frombuffer(b"".join(words + [bytes(SPAN_PADDING)]), np.uint8)])
