@@ -25,8 +25,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from preprocess import corpus_format, documents, prepare, segmentation, wordpiece  # noqa: E402
-from preprocess.masking_vocab import load_ngrams  # noqa: E402
+from pmi_jax.formats import prepared_corpus, wordpiece_vocab  # noqa: E402
+from pmi_jax.formats.masking_vocab import load_ngrams  # noqa: E402
+from preprocess import documents, prepare, segmentation, wordpiece  # noqa: E402
 from preprocess.packing import SequencePacker  # noqa: E402
 from preprocess.words import split_words_ragged  # noqa: E402
 
@@ -49,12 +50,12 @@ def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], prepare.Cor
     scan = prepare.scan_corpus(files)
     vocab_txt = os.path.join(work_dir, "vocab.txt")
     if args.wordpiece:
-        tokens = wordpiece.load_vocab(args.wordpiece)
+        tokens = wordpiece_vocab.load_vocab(args.wordpiece)
     else:
         print("training a WordPiece vocabulary (not timed)", file=sys.stderr)
         tokens = wordpiece.train_vocab(wordpiece.count_words(documents.iter_document_batches(files)))
     with open(vocab_txt, "w", encoding="utf-8") as f:
-        f.write(wordpiece.vocab_text(tokens))
+        f.write(wordpiece_vocab.vocab_text(tokens))
     units = [tuple(u.split("=", 1)) for u in args.units]
     if not units:
         from preprocess.build_vocab import VocabOptions, build_vocabulary
@@ -71,14 +72,14 @@ def run_once(context: prepare.WorkerContext, path: str) -> tuple[float, int, dic
     writer = prepare.ShardWriter(context)  # builds the tries: set-up, not timed
     special = writer.special
     packer = SequencePacker(context.seq_len, special["cls"], special["sep"], [n for n, _ in context.units])
-    encode = corpus_format.ExampleEncoder(corpus_format.feature_names(packer.unit_names))
+    encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
     all_docs = np.arange(context.scan.documents)
     started = time.process_time()
     tokens = 0
     with tf.io.TFRecordWriter(path) as out:
         for features in writer.sequences(prepare.shard_documents(context.scan, all_docs), packer):
             out.write(encode(features))
-            tokens += len(features[corpus_format.INPUT_IDS])
+            tokens += len(features[prepared_corpus.INPUT_IDS])
     return time.process_time() - started, tokens, dict(packer.multiword_tokens), packer.tokens
 
 

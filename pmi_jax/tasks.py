@@ -50,7 +50,7 @@ from pmi_jax import masking, storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
-from preprocess import corpus_format
+from pmi_jax.formats import prepared_corpus
 
 SHUFFLE_BUFFER_SIZE = 10_000  # records per shuffle window: ~50 MB of 512-token records
 MASK_BATCH = 128  # records parsed and masked per op call
@@ -66,10 +66,10 @@ class PreparedCorpus:
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
-        self.metadata = corpus_format.read_metadata(data_dir)
+        self.metadata = prepared_corpus.read_metadata(data_dir)
         self.seq_len = int(self.metadata["seq_len"])
         self.unit_names = tuple(sorted(self.metadata.get("units", {})))
-        self.vocabulary = WordPieceVocabulary(corpus_format.vocab_path(data_dir))
+        self.vocabulary = WordPieceVocabulary(prepared_corpus.vocab_path(data_dir))
         self.special_ids = self.vocabulary.special_ids
         recorded = {k: self.metadata["special_ids"].get(k) for k in self.special_ids}
         if recorded != self.special_ids:
@@ -140,7 +140,7 @@ class PreparedCorpusSource(seqio.DataSource):
         num_epochs: int | None = 1,
         start_example: int = 0,
     ):
-        splits = [s for s in corpus_format.SPLITS if corpus.metadata.get("splits", {}).get(s, {}).get("files")]
+        splits = [s for s in prepared_corpus.SPLITS if corpus.metadata.get("splits", {}).get(s, {}).get("files")]
         super().__init__(splits=splits, caching_permitted=False, performs_internal_shuffling=True)
         self.corpus = corpus
         self.unit_names = tuple(unit_names)
@@ -253,9 +253,9 @@ def _window_shuffle(records: tf.data.Dataset, window: int, key: tf.Tensor) -> tf
 def parse_records(records_B: tf.Tensor, unit_names: Sequence[str], seq_len: int) -> dict[str, tf.Tensor]:
     """Serialized records -> int32 [B, seq_len] features: `input_ids` padded with 0, the
     index features (`word_ids`, `units_<name>`) with -1."""
-    features = tf.io.parse_example(records_B, corpus_format.feature_spec(unit_names))
+    features = tf.io.parse_example(records_B, prepared_corpus.feature_spec(unit_names))
     return {
-        name: tf.cast(values.to_tensor(0 if name == corpus_format.INPUT_IDS else -1, shape=[None, seq_len]), tf.int32)
+        name: tf.cast(values.to_tensor(0 if name == prepared_corpus.INPUT_IDS else -1, shape=[None, seq_len]), tf.int32)
         for name, values in features.items()
     }
 

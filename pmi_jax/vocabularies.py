@@ -16,7 +16,7 @@ import seqio
 import tensorflow as tf
 
 from pmi_jax.errors import UserInputError
-from preprocess.wordpiece import read_vocab
+from pmi_jax.formats.wordpiece_vocab import read_vocab
 
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 

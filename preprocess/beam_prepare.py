@@ -69,16 +69,18 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
     """Train the WordPiece vocabulary on the summed counts and write vocab.txt (atomically)."""
     import collections
 
+    from pmi_jax.formats import wordpiece_vocab
     from preprocess import wordpiece
 
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size)
-    wordpiece.write_vocab(vocab_txt, tokens)
+    wordpiece_vocab.write_vocab(vocab_txt, tokens)
     return vocab_txt
 
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
-    from preprocess import prepare as local, wordpiece
+    from pmi_jax.formats import wordpiece_vocab
+    from preprocess import prepare as local
 
     plan = local.plan_prepare(config)
     if not isinstance(plan, local.PreparePlan):
@@ -86,7 +88,7 @@ def prepare(config, pipeline_options=None) -> dict:
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:
-        wordpiece.write_vocab(vocab_txt, given)
+        wordpiece_vocab.write_vocab(vocab_txt, given)
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()

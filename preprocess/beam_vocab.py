@@ -187,7 +187,7 @@ def covered_words(batch: Sequence[Gram], selected: dict) -> int:
 
 def write(selected: dict, output: str, started: float, covered: int) -> None:
     from pmi_jax import storage
-    from preprocess import masking_vocab
+    from pmi_jax.formats import masking_vocab
 
     stats = dict(selected["stats"])
     stats["coverage"] = covered / stats["words"]
@@ -242,7 +242,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
                      pipeline_options=None) -> dict:
     """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
     from pmi_jax import storage
-    from preprocess import masking_vocab
+    from pmi_jax.formats import masking_vocab
     from preprocess.build_vocab import VocabOptions
     from preprocess.documents import expand_inputs
 

@@ -20,7 +20,9 @@ from typing import Sequence
 import numpy as np
 
 from pmi_jax.errors import UserInputError
-from preprocess import masking_vocab, measures
+from pmi_jax.formats import masking_vocab
+from preprocess import measures
+from preprocess import vocab_selection
 
 _SCORE_BLOCK = 1 << 20  # candidates scored at once: bounds the span-count arrays in memory
 # Scores are rounded before ranking so that mathematically equal scores, which float arithmetic
@@ -34,7 +36,7 @@ class VocabOptions:
     size: int = 800_000
     min_count: int = 11
     max_n: int = 5
-    shares: tuple[float, ...] | None = None  # None: masking_vocab.default_shares(max_n)
+    shares: tuple[float, ...] | None = None  # None: vocab_selection.default_shares(max_n)
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
     tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: $TMPDIR)
@@ -47,10 +49,10 @@ class VocabOptions:
             raise UserInputError(f"--size {self.size}: must be at least 1")
         if self.min_count < 1:
             raise UserInputError(f"--min-count {self.min_count}: must be at least 1")
-        if not masking_vocab.MIN_N <= self.max_n <= masking_vocab.MAX_N:
+        if not vocab_selection.MIN_N <= self.max_n <= vocab_selection.MAX_N:
             raise UserInputError(
-                f"--max-n {self.max_n}: must be between {masking_vocab.MIN_N} and {masking_vocab.MAX_N}")
-        shares = self.shares if self.shares is not None else masking_vocab.default_shares(self.max_n)
+                f"--max-n {self.max_n}: must be between {vocab_selection.MIN_N} and {vocab_selection.MAX_N}")
+        shares = self.shares if self.shares is not None else vocab_selection.default_shares(self.max_n)
         shown = ",".join(f"{s:g}" for s in shares)
         if len(shares) != self.max_n - 1:
             raise UserInputError(f"--shares {shown}: need {self.max_n - 1} values, one per length 2..{self.max_n}")
@@ -143,13 +145,13 @@ class SelectedNgrams:
 def select_ngrams(table, options: VocabOptions) -> dict[int, SelectedNgrams]:
     word_order = table.word_order()
     selection = {}
-    for n, quota in masking_vocab.quotas(options.size, options.shares).items():
+    for n, quota in vocab_selection.quotas(options.size, options.shares).items():
         words_CxN = table.ngram_words(n)
         counts = table.counts[n]
         scores = np.concatenate([
             measures.score(options.measure, table.span_counts(words_CxN[i:i + _SCORE_BLOCK]), table.num_positions, n)
             for i in range(0, len(words_CxN), _SCORE_BLOCK)] or [np.zeros([0])]).round(SCORE_DECIMALS)
-        best = masking_vocab.rank(scores, counts, word_order[words_CxN])[:quota]
+        best = vocab_selection.rank(scores, counts, word_order[words_CxN])[:quota]
         if len(best) < quota:
             logging.warning("only %d %d-grams occur at least %d times, fewer than the quota of %d; "
                             "the shortfall is not given to other lengths", len(counts), n, options.min_count, quota)

@@ -16,7 +16,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from preprocess import corpus_format
+from pmi_jax.formats import prepared_corpus
 
 
 class SequencePacker:
@@ -122,10 +122,10 @@ class SequencePacker:
         ids = matrix["ids"][:count]
         for row in range(count):
             keep = filled[row]
-            features = {corpus_format.INPUT_IDS: _frame(ids[row][keep], self.cls_id, self.sep_id),
-                        corpus_format.WORD_IDS: _frame(word_ids[row][keep], -1, -1)}
+            features = {prepared_corpus.INPUT_IDS: _frame(ids[row][keep], self.cls_id, self.sep_id),
+                        prepared_corpus.WORD_IDS: _frame(word_ids[row][keep], -1, -1)}
             for name in self.unit_names:
-                features[corpus_format.units_feature(name)] = _frame(units[name][row][keep], -1, -1)
+                features[prepared_corpus.units_feature(name)] = _frame(units[name][row][keep], -1, -1)
             yield features
 
 

@@ -26,7 +26,8 @@ import tqdm
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from preprocess import corpus_format, documents, segmentation, wordpiece
+from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+from preprocess import documents, segmentation, wordpiece
 from preprocess.packing import SequencePacker
 from preprocess.words import split_words_ragged
 
@@ -38,7 +39,7 @@ _PROGRESS = ".progress"          # per-shard stats of finished shards
 _BATCH_CHARS = 1_000_000         # documents are tokenised in batches of about this many characters
 _AUTO_SHARD_CHARS = 32 * 2**20   # --shards 0: one train shard per this many characters of text
 _AUTO_MIN_SHARDS = 4
-_DEFAULT_WORDPIECE_SIZE = wordpiece.DEFAULT_SIZE
+_DEFAULT_WORDPIECE_SIZE = wordpiece_vocab.DEFAULT_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,7 @@ class ShardTask:
 
     @property
     def name(self) -> str:
-        return corpus_format.shard_name(self.split, self.index, self.num_shards)
+        return prepared_corpus.shard_name(self.split, self.index, self.num_shards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +111,13 @@ def scan_corpus(files: Sequence[str]) -> CorpusScan:
 
 def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
     """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
-    from preprocess.masking_vocab import check_ngrams, load_ngrams
+    from pmi_jax.formats.masking_vocab import load_ngrams
+    from preprocess.vocab_selection import check_ngrams
 
     loaded = {}
     for name, source in units:
         try:
-            corpus_format.check_unit_name(name)
+            prepared_corpus.check_unit_name(name)
         except UserInputError as e:
             raise UserInputError(f"--units {name}={source}: {e}") from None
         if name in loaded:
@@ -166,7 +168,7 @@ def config_fingerprint(config: PrepareConfig, scan: CorpusScan, wordpiece_id: di
                        counts: dict[str, int]) -> str:
     """sha256 of everything that determines the output bytes (not paths, not --workers)."""
     determinants = {
-        "format_version": corpus_format.FORMAT_VERSION,
+        "format_version": prepared_corpus.FORMAT_VERSION,
         "corpus_sha256": scan.sha256,
         "documents": scan.documents,
         "wordpiece": wordpiece_id,
@@ -188,7 +190,7 @@ def check_config(config: PrepareConfig) -> None:
         raise UserInputError(f"--shards {config.shards}: must be positive (or 0 for automatic)")
     if config.workers < 1:
         raise UserInputError(f"--workers {config.workers}: must be at least 1")
-    if config.wordpiece is None and config.wordpiece_size <= len(wordpiece.SPECIAL_TOKENS):
+    if config.wordpiece is None and config.wordpiece_size <= len(wordpiece_vocab.SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {config.wordpiece_size}: must exceed the special tokens")
 
 
@@ -203,7 +205,7 @@ def _our_files(output: str) -> list[str]:
     ours = []
     for name in names:
         name = name.rstrip("/")
-        if (name.endswith(".tfrecord") or name in (corpus_format.VOCAB_FILE, corpus_format.METADATA_FILE, _MARKER,
+        if (name.endswith(".tfrecord") or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, _MARKER,
                                                    _PROGRESS) or ".tmp-" in name):
             ours.append(storage.join(output, name))
     return ours
@@ -234,7 +236,7 @@ def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
     A directory left by another configuration is an error unless --overwrite, which deletes only
     the files a prepare run writes. Leftover temporary files of an interrupted run are deleted.
     """
-    metadata = _read_json(corpus_format.metadata_path(output))
+    metadata = _read_json(prepared_corpus.metadata_path(output))
     marker = _read_json(storage.join(output, _MARKER))
     found = (metadata or marker or {}).get("config_fingerprint")
     if found == fingerprint and metadata is not None:
@@ -303,8 +305,8 @@ class ShardWriter:
 
     def __init__(self, context: WorkerContext):
         self.context = context
-        self.tokens = wordpiece.load_vocab(context.vocab_txt)
-        self.special = wordpiece.special_ids(self.tokens)
+        self.tokens = wordpiece_vocab.load_vocab(context.vocab_txt)
+        self.special = wordpiece_vocab.special_ids(self.tokens)
         self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
         self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
 
@@ -331,14 +333,14 @@ class ShardWriter:
         packer = SequencePacker(ctx.seq_len, self.special["cls"], self.special["sep"], [n for n, _ in ctx.units])
         path = storage.join(ctx.output, task.name)
         tmp = storage.temporary_sibling(path)
-        encode = corpus_format.ExampleEncoder(corpus_format.feature_names(packer.unit_names))
+        encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
         stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
                     writer.write(encode(features))
                     stats["sequences"] += 1
-                    stats["tokens"] += len(features[corpus_format.INPUT_IDS])
+                    stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
             stats["content_tokens"] = packer.tokens
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             _write_json(_progress_path(ctx.output, task), stats)
@@ -350,7 +352,7 @@ class ShardWriter:
 
 
 def _load_ngrams(source: str) -> list[tuple[str, ...]]:
-    from preprocess.masking_vocab import load_ngrams
+    from pmi_jax.formats.masking_vocab import load_ngrams
 
     return [tuple(g) for g in load_ngrams(source)]
 
@@ -400,15 +402,15 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
     Called on a claimed directory, so a vocab.txt found there was trained by an interrupted run
     of this same configuration, and training is deterministic: it is kept.
     """
-    target = corpus_format.vocab_path(config.output)
+    target = prepared_corpus.vocab_path(config.output)
     if given is None and storage.gfile.exists(target):
-        return wordpiece.load_vocab(target)
+        return wordpiece_vocab.load_vocab(target)
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
         counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
-    wordpiece.write_vocab(target, tokens)
+    wordpiece_vocab.write_vocab(target, tokens)
     return tokens
 
 
@@ -426,7 +428,7 @@ class PreparePlan:
 
     @property
     def vocab_txt(self) -> str:
-        return corpus_format.vocab_path(self.config.output)
+        return prepared_corpus.vocab_path(self.config.output)
 
     def worker_context(self) -> WorkerContext:
         c = self.config
@@ -441,14 +443,14 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     """
     check_config(config)
     files = documents.expand_inputs(config.inputs)
-    given = wordpiece.load_vocab(config.wordpiece) if config.wordpiece is not None else None
+    given = wordpiece_vocab.load_vocab(config.wordpiece) if config.wordpiece is not None else None
     units = load_unit_vocabularies(config.units)
     scan = scan_corpus(files)
     if scan.documents == 0:
         raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
     is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)
     counts = shard_counts(config, scan, is_validation)
-    wordpiece_id = ({"sha256": wordpiece.vocab_sha256(given)} if given is not None
+    wordpiece_id = ({"sha256": wordpiece_vocab.vocab_sha256(given)} if given is not None
                     else {"trained_size": config.wordpiece_size})
     fingerprint = config_fingerprint(config, scan, wordpiece_id, units, counts)
 
@@ -466,10 +468,10 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
 def finish_prepare(plan: PreparePlan) -> dict:
     """Once every shard is written: metadata.json last (it marks the directory complete), then tidy up."""
     output = plan.config.output
-    tokens = wordpiece.load_vocab(plan.vocab_txt)
+    tokens = wordpiece_vocab.load_vocab(plan.vocab_txt)
     metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
-    _write_json(corpus_format.metadata_path(output), metadata)
+    _write_json(prepared_corpus.metadata_path(output), metadata)
     _remove(storage.join(output, _PROGRESS))
     _remove(storage.join(output, _MARKER))
     return metadata
@@ -488,7 +490,7 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
 def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
               tasks: list[ShardTask], fingerprint: str) -> dict:
     splits = {split: {"shards": 0, "sequences": 0, "tokens": 0, "content_tokens": 0, "documents": 0, "files": []}
-              for split in corpus_format.SPLITS}
+              for split in prepared_corpus.SPLITS}
     multiword = dict.fromkeys(units, 0)
     for task in tasks:
         stats = _read_json(_progress_path(config.output, task))
@@ -501,13 +503,13 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
             multiword[name] += stats["multiword_tokens"][name]
     content = sum(s["content_tokens"] for s in splits.values())
     return {
-        "format_version": corpus_format.FORMAT_VERSION,
+        "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
         "seed": config.seed,
         "validation_fraction": config.validation_fraction,
-        "wordpiece": {"path": corpus_format.VOCAB_FILE, "source": config.wordpiece,
-                      "sha256": wordpiece.vocab_sha256(tokens), "size": len(tokens), "trained": trained},
-        "special_ids": wordpiece.special_ids(tokens),
+        "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "source": config.wordpiece,
+                      "sha256": wordpiece_vocab.vocab_sha256(tokens), "size": len(tokens), "trained": trained},
+        "special_ids": wordpiece_vocab.special_ids(tokens),
         "units": {name: {"source": u["source"], "sha256": u["sha256"], "entries": u["entries"],
                          "coverage": multiword[name] / content if content else 0.0}
                   for name, u in units.items()},

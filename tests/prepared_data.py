@@ -27,7 +27,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from preprocess import corpus_format
+from pmi_jax.formats import prepared_corpus
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -171,7 +171,7 @@ def write_prepared_corpus(
     rng = np.random.default_rng(seed)
     vocab = vocabulary()
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, corpus_format.VOCAB_FILE), "w") as f:
+    with open(os.path.join(data_dir, prepared_corpus.VOCAB_FILE), "w") as f:
         f.write("\n".join(vocab) + "\n")
     splits = {}
     for split, count in sequences.items():
@@ -179,11 +179,11 @@ def write_prepared_corpus(
         packed = _pack(rows, seq_len, unit_names)
         n = shards[split]
         bounds = np.linspace(0, len(packed), n + 1).astype(int)
-        names = [corpus_format.shard_name(split, i, n) for i in range(n)]
+        names = [prepared_corpus.shard_name(split, i, n) for i in range(n)]
         for i, name in enumerate(names):
             with tf.io.TFRecordWriter(os.path.join(data_dir, name)) as writer:
                 for features in packed[bounds[i]:bounds[i + 1]]:
-                    writer.write(corpus_format.encode_example(features))
+                    writer.write(prepared_corpus.encode_example(features))
         splits[split] = {
             "shards": n,
             "sequences": len(packed),
@@ -191,21 +191,21 @@ def write_prepared_corpus(
             "files": names,
         }
     metadata = {
-        "format_version": corpus_format.FORMAT_VERSION,
+        "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": seq_len,
         "seed": seed,
-        "wordpiece": {"path": corpus_format.VOCAB_FILE, "size": len(vocab), "trained": True},
+        "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "size": len(vocab), "trained": True},
         "special_ids": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
         "units": {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
                   for name in unit_names},
         "splits": splits,
     }
-    with open(corpus_format.metadata_path(data_dir), "w") as f:
+    with open(prepared_corpus.metadata_path(data_dir), "w") as f:
         json.dump(metadata, f, indent=2)
     return metadata
 
 
 def read_prepared_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
     """All sequences of a split in file order, as NumPy arrays (for test oracles)."""
-    records = tf.data.TFRecordDataset(corpus_format.shard_paths(data_dir, split))
-    return [corpus_format.decode_example(r) for r in records.as_numpy_iterator()]
+    records = tf.data.TFRecordDataset(prepared_corpus.shard_paths(data_dir, split))
+    return [prepared_corpus.decode_example(r) for r in records.as_numpy_iterator()]

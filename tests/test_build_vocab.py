@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess import build_vocab, masking_vocab
+from preprocess import build_vocab
+
+from preprocess import vocab_selection
 from preprocess.ngram_counts import NgramCounts
 
 
@@ -49,7 +51,7 @@ def test_any_float(scores, count):
 
 @pytest.mark.parametrize("num_words, n", [(2, 5), (3, 2), (300, 5), (2**13, 5), (2**21 + 1, 3)])
 def test_rank_packs_word_ranks_without_changing_the_order(num_words, n):
-    """masking_vocab.rank packs several word ranks into one sort key: same order as one key each."""
+    """vocab_selection.rank packs several word ranks into one sort key: same order as one key each."""
     rng = np.random.default_rng(n)
     rows = 3000
     word_order = rng.permutation(num_words).astype(np.int64)  # as NgramCounts.word_order: a rank per word
@@ -61,4 +63,4 @@ def test_rank_packs_word_ranks_without_changing_the_order(num_words, n):
     scores[:50], counts[:50] = scores[50:100], counts[50:100]
     ranks_CxN = word_order[words_CxN]
     expected = np.lexsort([ranks_CxN[:, j] for j in range(n - 1, -1, -1)] + [-counts, -scores])
-    assert masking_vocab.rank(scores, counts, ranks_CxN).tolist() == expected.tolist()
+    assert vocab_selection.rank(scores, counts, ranks_CxN).tolist() == expected.tolist()

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from pmi_jax.cli import main
-from preprocess import masking_vocab
+from pmi_jax.formats import masking_vocab
 
 DOCUMENTS = ["The editor in chief of the paper, the editor in chief of New York.",
              "New York is big. The paper is read in New York."] * 6

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pmi_jax.errors import UserInputError
-from preprocess import masking_vocab
+from pmi_jax.formats import masking_vocab
+from preprocess import vocab_selection
 from preprocess.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
 from preprocess.documents import iter_documents
 from preprocess.words import split_words
@@ -21,16 +22,16 @@ from preprocess.words import split_words
 
 
 def test_default_shares_are_the_papers():
-    assert masking_vocab.default_shares(5) == (0.5, 0.25, 0.125, 0.125)
-    assert masking_vocab.default_shares(3) == (0.5, 0.5)
-    assert masking_vocab.default_shares(2) == (1.0,)
+    assert vocab_selection.default_shares(5) == (0.5, 0.25, 0.125, 0.125)
+    assert vocab_selection.default_shares(3) == (0.5, 0.5)
+    assert vocab_selection.default_shares(2) == (1.0,)
 
 
 def test_quotas_floor_each_share_and_give_the_remainder_to_bigrams():
-    assert masking_vocab.quotas(800_000, (0.5, 0.25, 0.125, 0.125)) == {2: 400_000, 3: 200_000, 4: 100_000, 5: 100_000}
-    assert masking_vocab.quotas(10, (0.5, 0.25, 0.125, 0.125)) == {2: 6, 3: 2, 4: 1, 5: 1}
-    assert masking_vocab.quotas(3, (1 / 3, 1 / 3, 1 / 3)) == {2: 1, 3: 1, 4: 1}
-    assert masking_vocab.quotas(1, (0.5, 0.5)) == {2: 1, 3: 0}
+    assert vocab_selection.quotas(800_000, (0.5, 0.25, 0.125, 0.125)) == {2: 400_000, 3: 200_000, 4: 100_000, 5: 100_000}
+    assert vocab_selection.quotas(10, (0.5, 0.25, 0.125, 0.125)) == {2: 6, 3: 2, 4: 1, 5: 1}
+    assert vocab_selection.quotas(3, (1 / 3, 1 / 3, 1 / 3)) == {2: 1, 3: 1, 4: 1}
+    assert vocab_selection.quotas(1, (0.5, 0.5)) == {2: 1, 3: 0}
 
 
 def test_rank_orders_by_score_then_count_then_string():
@@ -42,7 +43,7 @@ def test_rank_orders_by_score_then_count_then_string():
     ngrams = rng.integers(0, len(words), (200, 3))
     scores = rng.integers(0, 3, 200).astype(np.float64)
     counts = rng.integers(1, 4, 200)
-    got = masking_vocab.rank(scores, counts, word_rank[ngrams]).tolist()
+    got = vocab_selection.rank(scores, counts, word_rank[ngrams]).tolist()
     text = [" ".join(words[w] for w in row) for row in ngrams]
     assert got == sorted(range(200), key=lambda i: (-scores[i], -counts[i], text[i]))
 
@@ -71,11 +72,11 @@ def test_load_ngrams_rejects_missing_or_empty_files(tmp_path, content):
 
 def test_check_accepts_a_list_in_our_normalisation():
     valid = [("new", "york"), ("u", ".", "s", "."), ("cafe", "au", "lait"), ("日", "本")]
-    assert masking_vocab.check_ngrams(valid) == []
+    assert vocab_selection.check_ngrams(valid) == []
 
 
 def test_check_reports_each_kind_of_problem():
-    problems = masking_vocab.check_ngrams([("New", "York"), ("u.s.", "army"), ("café", "noir"), ("alone",),
+    problems = vocab_selection.check_ngrams([("New", "York"), ("u.s.", "army"), ("café", "noir"), ("alone",),
                                            ("a", "b", "c", "d", "e", "f"), ("ok", "pair"), ("ok", "pair")])
     assert len(problems) == 4
     assert "1 entries have 1 words" in problems[0] and "1 entries have 6 words" in problems[1]

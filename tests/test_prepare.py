@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from pmi_jax.cli import main as cli_main
 from pmi_jax.errors import UserInputError
-from preprocess import corpus_format
+from pmi_jax.formats import prepared_corpus
 from preprocess.documents import expand_inputs, iter_documents
 from preprocess.packing import SequencePacker
 from preprocess.prepare import PrepareConfig, assign_documents, prepare
@@ -65,12 +65,12 @@ def prepared(corpus, tmp_path_factory) -> tuple[PrepareConfig, dict]:
 
 
 def _read_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
-    paths = corpus_format.shard_paths(data_dir, split)
-    return [corpus_format.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
+    paths = prepared_corpus.shard_paths(data_dir, split)
+    return [prepared_corpus.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
 
 
 def _vocab(data_dir: str) -> list[str]:
-    return pathlib.Path(corpus_format.vocab_path(data_dir)).read_text(encoding="utf-8").split("\n")[:-1]
+    return pathlib.Path(prepared_corpus.vocab_path(data_dir)).read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def _words_of_stream(sequences, vocab, special_ids) -> list[str]:
@@ -112,13 +112,13 @@ def test_round_trip_to_the_words_of_each_split(corpus, prepared):
 def test_sequence_structure(prepared):
     config, metadata = prepared
     special = metadata["special_ids"]
-    for split in corpus_format.SPLITS:
+    for split in prepared_corpus.SPLITS:
         sequences = _read_split(config.output, split)
         for seq in sequences:
             ids = seq["input_ids"]
             assert 3 <= len(ids) <= config.seq_len
             assert ids[0] == special["cls"] and ids[-1] == special["sep"]
-            assert set(seq) == set(corpus_format.feature_names(["frequency", "pmi"]))
+            assert set(seq) == set(prepared_corpus.feature_names(["frequency", "pmi"]))
             is_special = np.isin(ids, [special["cls"], special["sep"]])
             for name in ("word_ids", "units_pmi", "units_frequency"):
                 index = seq[name]
@@ -146,7 +146,7 @@ def test_multiword_units_are_vocabulary_entries(prepared):
     multiword = dict.fromkeys(entries, 0)
     seen = dict.fromkeys(entries, set())
     content = 0
-    for split in corpus_format.SPLITS:
+    for split in prepared_corpus.SPLITS:
         for seq in _read_split(config.output, split):
             body = seq["word_ids"] >= 0
             content += body.sum()
@@ -215,7 +215,7 @@ def test_another_seed_changes_units_but_not_tokens(corpus, prepared, tmp_path):
 
 def test_given_wordpiece_vocabulary_is_copied(corpus, prepared, tmp_path):
     config, _ = prepared
-    source = corpus_format.vocab_path(config.output)
+    source = prepared_corpus.vocab_path(config.output)
     metadata = prepare(_config(corpus, tmp_path / "data", wordpiece=source))
     assert (tmp_path / "data" / "vocab.txt").read_bytes() == pathlib.Path(source).read_bytes()
     assert metadata["wordpiece"]["trained"] is False and metadata["wordpiece"]["source"] == source
@@ -376,8 +376,8 @@ def test_packing_matches_a_token_by_token_reference_for_any_batching(seq_len):
 
 def test_parse_example_in_tf_data_matches_the_records(prepared):
     config, _ = prepared
-    paths = corpus_format.shard_paths(config.output, "validation")
-    parsed = tf.data.TFRecordDataset(paths).map(lambda r: corpus_format.parse_example(r, ["pmi", "frequency"]))
+    paths = prepared_corpus.shard_paths(config.output, "validation")
+    parsed = tf.data.TFRecordDataset(paths).map(lambda r: prepared_corpus.parse_example(r, ["pmi", "frequency"]))
     for got, want in zip(parsed.as_numpy_iterator(), _read_split(config.output, "validation"), strict=True):
         assert got.keys() == want.keys()
         for name in want:

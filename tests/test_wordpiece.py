@@ -7,6 +7,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats import wordpiece_vocab
 from preprocess import wordpiece
 from preprocess.words import split_words
 
@@ -31,7 +32,7 @@ def vocab_txt(tmp_path_factory):
     counts = wordpiece.count_words([TRAINING_TEXT * 12])
     tokens = wordpiece.train_vocab(counts, size=400)
     path = tmp_path_factory.mktemp("wp") / "vocab.txt"
-    path.write_text(wordpiece.vocab_text(tokens), encoding="utf-8")
+    path.write_text(wordpiece_vocab.vocab_text(tokens), encoding="utf-8")
     return str(path)
 
 
@@ -41,12 +42,12 @@ def test_ids_equal_bert_tokenizer(vocab_txt):
     expected = expected.merge_dims(1, 2).to_list()
     got = wordpiece.WordPieceEncoder(vocab_txt).encode_documents(docs)
     assert got == expected
-    unk = wordpiece.special_ids(wordpiece.load_vocab(vocab_txt))["unk"]
+    unk = wordpiece_vocab.special_ids(wordpiece_vocab.load_vocab(vocab_txt))["unk"]
     assert any(unk in row for row in got[len(TRAINING_TEXT):])  # the hard text does reach [UNK]
 
 
 def test_pieces_join_back_into_the_words(vocab_txt):
-    tokens = wordpiece.load_vocab(vocab_txt)
+    tokens = wordpiece_vocab.load_vocab(vocab_txt)
     encoder = wordpiece.WordPieceEncoder(vocab_txt)
     words = tf.constant([w for doc in split_words(TRAINING_TEXT) for w in doc])
     ids, splits = encoder.encode_words(words)
@@ -58,13 +59,13 @@ def test_pieces_join_back_into_the_words(vocab_txt):
 def test_trained_vocabulary_layout_and_determinism():
     counts = wordpiece.count_words([TRAINING_TEXT * 12])
     tokens = wordpiece.train_vocab(counts, size=400)
-    assert tuple(tokens[:5]) == wordpiece.SPECIAL_TOKENS
+    assert tuple(tokens[:5]) == wordpiece_vocab.SPECIAL_TOKENS
     assert len(tokens) == len(set(tokens)) <= 400
     assert all(t == t.lower() for t in tokens[5:])  # uncased
     assert {w for doc in split_words(TRAINING_TEXT) for w in doc if len(w) > 2 and w.isalpha()} & set(tokens)
     assert wordpiece.train_vocab(counts, size=400) == tokens
     small = wordpiece.train_vocab(counts, size=30)
-    assert len(small) <= 30 and tuple(small[:5]) == wordpiece.SPECIAL_TOKENS
+    assert len(small) <= 30 and tuple(small[:5]) == wordpiece_vocab.SPECIAL_TOKENS
 
 
 def test_frequent_words_become_single_pieces():
@@ -77,7 +78,7 @@ def test_special_ids_of_a_bert_style_vocabulary(tmp_path):
     tokens = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "##s"]
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(tokens) + "\n")
-    assert wordpiece.special_ids(wordpiece.load_vocab(str(path))) == {
+    assert wordpiece_vocab.special_ids(wordpiece_vocab.load_vocab(str(path))) == {
         "pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
 
 
@@ -92,7 +93,7 @@ def test_bad_vocabulary_files(tmp_path, lines, message):
     path = tmp_path / "vocab.txt"
     path.write_text("".join(t + "\n" for t in lines))
     with pytest.raises(UserInputError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
-        wordpiece.load_vocab(str(path))
+        wordpiece_vocab.load_vocab(str(path))
     assert str(path) in str(e.value)
 
 
@@ -105,14 +106,14 @@ def test_unreadable_vocabulary_files(tmp_path, content, message):
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(UserInputError, match=message) as e:
-        wordpiece.load_vocab(str(path))
+        wordpiece_vocab.load_vocab(str(path))
     assert str(path) in str(e.value)
 
 
 def test_vocabulary_reader_keeps_ids_as_line_numbers(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_bytes(b"[PAD]\r\n[UNK]\r\n[CLS]\n[SEP]\n[MASK]\ncaf\xc3\xa9\n\n\n")
-    assert wordpiece.read_vocab(str(path)) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "café"]
+    assert wordpiece_vocab.read_vocab(str(path)) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "café"]
 
 
 def test_training_on_nothing_is_an_error():

@@ -134,7 +134,7 @@ def test_invalid_utf8_in_a_file_is_replaced_not_fatal(tmp_path):
 
 def test_invalid_utf8_never_crashes_a_vocabulary_build(tmp_path):
     from preprocess.build_vocab import VocabOptions, build_vocabulary
-    from preprocess.masking_vocab import load_ngrams
+    from pmi_jax.formats.masking_vocab import load_ngrams
 
     text = b"\n\n".join([b"the caf\xe9 \xff opens at noon", b"{\"text\": 1}", b"the caf\xe9 \xff opens late"] * 3)
     (tmp_path / "broken.txt").write_bytes(text)

@@ -114,26 +114,26 @@ def run_show(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
     from pmi_jax.errors import UserInputError
-    from preprocess import corpus_format
+    from pmi_jax.formats import prepared_corpus
 
-    metadata = corpus_format.read_metadata(args.data_dir)
+    metadata = prepared_corpus.read_metadata(args.data_dir)
     names = list(metadata["units"])
     if args.units is not None and args.units not in names:
         raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "
                              f"{', '.join(names) or 'no vocabulary'}")
     names = [args.units] if args.units else names
-    paths = corpus_format.shard_paths(args.data_dir, args.split)
+    paths = prepared_corpus.shard_paths(args.data_dir, args.split)
     if not paths:
         raise UserInputError(f"--split {args.split}: {args.data_dir} has no {args.split} shards")
-    with tf.io.gfile.GFile(corpus_format.vocab_path(args.data_dir), "r") as f:
+    with tf.io.gfile.GFile(prepared_corpus.vocab_path(args.data_dir), "r") as f:
         vocab = f.read().split("\n")
     for i, record in enumerate(tf.data.TFRecordDataset(paths).take(args.num).as_numpy_iterator()):
-        features = corpus_format.decode_example(record)
-        tokens = [vocab[t] for t in features[corpus_format.INPUT_IDS]]
+        features = prepared_corpus.decode_example(record)
+        tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
         print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
         for name in names or [None]:
-            units = features[corpus_format.units_feature(name)] if name else features[corpus_format.WORD_IDS]
-            print(f"{name or 'words'}: {render_sequence(tokens, features[corpus_format.WORD_IDS], units)}")
+            units = features[prepared_corpus.units_feature(name)] if name else features[prepared_corpus.WORD_IDS]
+            print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
     return 0
 
 

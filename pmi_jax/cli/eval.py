@@ -143,7 +143,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from pmi_jax.eval import perplexity
     from pmi_jax.storage import file_sha256
     from pmi_jax.model import BertForMaskedLM
-    from preprocess import corpus_format
+    from pmi_jax.formats import prepared_corpus
 
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
@@ -153,8 +153,8 @@ def run_perplexity(args: argparse.Namespace) -> int:
     data_dir = args.data or metadata.get("data_dir")
     if not data_dir:
         raise UserInputError(f"checkpoint {args.checkpoint} records no corpus; pass --data")
-    corpus = corpus_format.read_metadata(data_dir)
-    vocab = corpus_format.vocab_path(data_dir)
+    corpus = prepared_corpus.read_metadata(data_dir)
+    vocab = prepared_corpus.vocab_path(data_dir)
     if metadata.get("vocab_sha256") and file_sha256(vocab) != metadata["vocab_sha256"]:
         raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {args.checkpoint} "
                              "was trained with (sha256 differs)")

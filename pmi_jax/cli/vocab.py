@@ -102,7 +102,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
     from pmi_jax.storage import gfile, join
-    from preprocess.masking_vocab import STATS_JSON, TSV_HEADER, VOCAB_TSV
+    from pmi_jax.formats.masking_vocab import STATS_JSON, TSV_HEADER, VOCAB_TSV
 
     if args.top < 1:
         raise UserInputError(f"--top {args.top}: must be at least 1")
@@ -134,7 +134,8 @@ def run_show(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     import collections
 
-    from preprocess.masking_vocab import check_ngrams, load_ngrams
+    from pmi_jax.formats.masking_vocab import load_ngrams
+    from preprocess.vocab_selection import check_ngrams
 
     ngrams = load_ngrams(args.path)
     lengths = collections.Counter(len(ngram) for ngram in ngrams)

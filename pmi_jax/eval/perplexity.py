@@ -39,17 +39,17 @@ class PerplexityResult:
 def read_sequences(data_dir: str, split: str = "validation", max_sequences: int | None = None) -> Iterator[np.ndarray]:
     """The `input_ids` of each sequence of a prepared corpus split, in shard order."""
     import tensorflow as tf
-    from preprocess import corpus_format
+    from pmi_jax.formats import prepared_corpus
 
-    paths = sorted(gfile.glob(corpus_format.shard_pattern(data_dir, split)))
+    paths = sorted(gfile.glob(prepared_corpus.shard_pattern(data_dir, split)))
     if not paths:
         raise UserInputError(f"--data {data_dir}: no {split} shards ({split}-?????-of-?????.tfrecord)")
-    spec = {corpus_format.INPUT_IDS: tf.io.RaggedFeature(dtype=tf.int64, row_splits_dtype=tf.int64)}
+    spec = {prepared_corpus.INPUT_IDS: tf.io.RaggedFeature(dtype=tf.int64, row_splits_dtype=tf.int64)}
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
     for features in dataset.as_numpy_iterator():
-        yield features[corpus_format.INPUT_IDS]
+        yield features[prepared_corpus.INPUT_IDS]
 
 
 def _masked_copies(sequences: Iterable[np.ndarray], *, seq_len: int, special_ids, mask_id: int, pad_id: int,

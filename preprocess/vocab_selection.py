@@ -1,28 +1,19 @@
-"""The masking vocabulary (DESIGN §3): per-length rankings merged by shares; its files; published lists.
+"""Choosing the masking vocabulary (docs/design.md, "Masking vocabulary"): per-length rankings merged
+by shares, and the check that a list is in this project's word normalisation.
 
-A vocabulary directory holds
-  masking_vocab.txt   one n-gram per line, words joined by single spaces, ordered by n, then rank
-  masking_vocab.tsv   header `ngram	n	count	score`, the same rows in the same order
-  stats.json          corpus sizes, counts per length, the selection, coverage, options
-`load_ngrams` reads such a directory or any file with one n-gram per line (e.g. AI21's published
-lists); `check_ngrams` says whether a list is in this project's word normalisation.
+The files themselves are `pmi_jax.formats.masking_vocab`.
 """
 from __future__ import annotations
 
 import collections
-import json
 import math
 from typing import Sequence
 
 import numpy as np
 
-from pmi_jax.errors import UserInputError
+from pmi_jax.formats import masking_vocab
 
-VOCAB_TXT = "masking_vocab.txt"
-VOCAB_TSV = "masking_vocab.tsv"
-STATS_JSON = "stats.json"
-TSV_HEADER = "ngram\tn\tcount\tscore"
-MIN_N, MAX_N = 2, 5
+MIN_N, MAX_N = masking_vocab.MIN_N, masking_vocab.MAX_N
 
 
 def default_shares(max_n: int) -> tuple[float, ...]:
@@ -60,42 +51,6 @@ def rank(score_C: np.ndarray, count_C: np.ndarray, word_order_CxN: np.ndarray) -
             key = (key << bits) | word_order_CxN[:, column].astype(np.int64)
         packed.append(key)
     return np.lexsort(packed[::-1] + [-count_C, -score_C])
-
-
-def write_vocabulary(directory: str, vocab_lines: str, tsv_rows: str, stats: dict) -> None:
-    """Write the three files into `directory` (a fresh temporary directory the caller renames).
-
-    `vocab_lines` and `tsv_rows` are the files' lines already joined, each ending in a newline
-    (`preprocess.build_vocab.vocabulary_text`): a vocabulary has up to 800K of them.
-    """
-    from pmi_jax.storage import gfile, join
-
-    with gfile.GFile(join(directory, VOCAB_TXT), "w") as f:
-        f.write(vocab_lines)
-    with gfile.GFile(join(directory, VOCAB_TSV), "w") as f:
-        f.write(TSV_HEADER + "\n" + tsv_rows)
-    with gfile.GFile(join(directory, STATS_JSON), "w") as f:
-        f.write(json.dumps(stats, indent=2) + "\n")
-
-
-def load_ngrams(path: str) -> list[tuple[str, ...]]:
-    """The n-grams of a vocabulary directory (its masking_vocab.txt) or of a one-n-gram-per-line file.
-
-    Words are separated by spaces; blank lines are skipped; file order is kept. Only "\\n" ends a
-    line: characters such as U+2028 may be part of a word.
-    """
-    from pmi_jax.storage import gfile, join
-
-    file = join(path, VOCAB_TXT) if gfile.isdir(path) else path
-    if not gfile.exists(file):
-        raise UserInputError(f"{file}: no such file")
-    with gfile.GFile(file, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    ngrams = [tuple(line.split(" ")) for line in (raw.strip(" \t\r") for raw in text.split("\n")) if line]
-    ngrams = [tuple(w for w in ngram if w) for ngram in ngrams]
-    if not ngrams:
-        raise UserInputError(f"{file}: holds no n-grams")
-    return ngrams
 
 
 def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3) -> list[str]:
