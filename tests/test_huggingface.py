@@ -16,6 +16,7 @@ import pytest
 
 from pmi_jax import checkpoints, huggingface
 from pmi_jax.cli import main
+from pmi_jax.errors import UserInputError
 from pmi_jax.formats import hf_checkpoint, prepared_corpus
 from pmi_jax.model import BertForMaskedLM
 from tests import prepared_data
@@ -108,6 +109,22 @@ def test_transformers_flax_bert_gives_our_logits(english, run, exported):
         ["BertForMaskedLM"], huggingface.hidden_act(), len(open(prepared_corpus.vocab_path(english[0])).readlines()))
 
 
+def test_transformers_pytorch_bert_gives_our_logits(english, run, exported):
+    """The PyTorch class the export is meant for (runs where torch is installed; the dev extras
+    leave it out, see docs/huggingface.md): every tensor found, none left over, decoder tied."""
+    torch = pytest.importorskip("torch")
+    ids, mask = _prepared_batch(english[0])
+    ours, _ = _our_logits(run, ids, mask)
+    model, info = transformers.AutoModelForMaskedLM.from_pretrained(exported, output_loading_info=True)
+    assert not any(info.values()), info
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    with torch.no_grad():
+        theirs = model.eval()(input_ids=torch.from_numpy(ids).long(),
+                              attention_mask=torch.from_numpy(mask).long()).logits.numpy()
+    real = mask.astype(bool)
+    assert np.abs(theirs[real] - ours[real]).max() < TOLERANCE
+
+
 def test_exported_tokenizer_gives_the_ids_corpus_prepare_wrote(english, exported):
     data_dir, documents = english
     tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
@@ -187,6 +204,22 @@ def test_import_pads_and_export_slices_vocabulary_rows(run, exported):
     assert again.keys() == tensors.keys()
     for name in tensors:
         np.testing.assert_array_equal(again[name], tensors[name])
+
+
+def test_import_reads_original_bert_names(run, exported):
+    """Checkpoints like bert-base-uncased: LayerNorm gamma/beta, a pooler and a next-sentence head
+    (not used), no separate decoder tensors (tied). They load to the same parameters."""
+    config, params, _ = checkpoints.restore_for_eval(run)
+    tensors = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in hf_checkpoint.read_tensors(exported).items() if not k.startswith("cls.predictions.decoder")}
+    tensors["bert.pooler.dense.weight"] = np.zeros((32, 32), np.float32)
+    tensors["cls.seq_relationship.weight"] = np.zeros((2, 32), np.float32)
+    abstract = checkpoints.abstract_model_params(BertForMaskedLM(config))
+    imported = huggingface.from_transformers(tensors, config, abstract, exported)
+    jax.tree.map(np.testing.assert_array_equal, imported, jax.device_get(params))
+    del tensors["bert.encoder.layer.1.output.dense.bias"]
+    with pytest.raises(UserInputError, match="no tensor bert.encoder.layer.1.output.dense.bias"):
+        huggingface.from_transformers(tensors, config, abstract, exported)
 
 
 def _one_line_error(capsys):
