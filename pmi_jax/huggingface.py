@@ -282,14 +282,16 @@ def model_card(*, config: ModelConfig, metadata: dict, corpus: dict | None, voca
     lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", "- bert", "- fill-mask",
              f"- {scheme}-masking" if scheme else "- masked-lm", "---", "",
              f"# BERT pretrained with {scheme or 'an unknown'} masking (pmi-jax)", "",
-             "A BERT masked language model pretrained with [pmi-jax](https://arxiv.org/abs/2010.01825) "
-             "(PMI-Masking, Levine et al., ICLR 2021) and exported with `pmi-jax export hf`. Uncased: the "
-             "tokenizer lower-cases and strips accents.", "",
+             "A BERT masked language model pretrained with pmi-jax, a JAX implementation of PMI-Masking "
+             "([Levine et al., ICLR 2021](https://arxiv.org/abs/2010.01825)), and exported with "
+             "`pmi-jax export hf`. Uncased: the tokenizer case-folds and strips accents.", "",
              "```python",
-             "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
-             "fill = pipeline(\"fill-mask\", model=AutoModelForMaskedLM.from_pretrained(\".\"),",
-             "                tokenizer=AutoTokenizer.from_pretrained(\".\"))",
-             "print(fill(\"the capital of france is [MASK].\"))",
+             "from transformers import AutoModelForMaskedLM, AutoTokenizer",
+             "path = \".\"  # this directory, or its name on the Hub",
+             "tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForMaskedLM.from_pretrained(path)",
+             "inputs = tokenizer(\"the capital of france is [MASK].\", return_tensors=\"pt\")",
+             "mask = inputs.input_ids[0] == tokenizer.mask_token_id",
+             "print(tokenizer.decode(model(**inputs).logits[0, mask].argmax(-1)))",
              "```", "", "## Training", "",
              "| | |", "|---|---|",
              f"| steps | {metadata.get('step')} |",
