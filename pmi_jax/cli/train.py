@@ -143,6 +143,7 @@ def run(args) -> int:
         source = train.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split, config.data.seq_len,
                                    config.train.batch_size, config.data.seed)
     _initialize_distributed(args)
+    # Read (and check) the weights before anything is written, even when the run will resume instead.
     initial_params = huggingface.initial_params(pretrained, config.model) if pretrained is not None else None
     try:
         result = train.train(config, args.workdir, source, corpus, initial_params=initial_params)
