@@ -14,6 +14,7 @@ CORE = [
     "tensorflow==2.21.0",
     "tensorflow-text==2.21.1",
     "seqio==0.0.20",
+    "safetensors",  # transformers checkpoints (export hf, train --init-from), without PyTorch
     "tensorboard",
     "scipy",
     "tqdm",

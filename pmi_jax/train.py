@@ -424,9 +424,12 @@ def device_peak(config: ExperimentConfig) -> float | None:
 
 
 def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
-          devices=None) -> RunResult:
+          devices=None, initial_params=None) -> RunResult:
     """Train up to `train.num_steps`, resuming from the latest checkpoint in `workdir`.
 
+    `initial_params` (host arrays shaped like the model's params, e.g. a transformers
+    checkpoint from `pmi_jax.huggingface.initial_params`) replace the random initialisation of a
+    run that starts at step 0; the optimizer state starts fresh. A resumed run ignores them.
     `devices` defaults to every device of every process. Raises UserInputError (before
     compiling anything) for a mesh or batch size that does not fit the devices, or a workdir
     holding another model; NonFiniteLoss on a NaN/inf loss.
@@ -452,6 +455,8 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
                                      f"{saved['data_position']}")
         else:
             state = program.init()
+            if initial_params is not None:
+                state = state.replace(params=place_params(initial_params, program.shardings.params))
         step_fn = program.step
 
         writer = metrics.MetricWriter(logdir, enabled=is_main)
@@ -468,6 +473,16 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     if is_main:
         print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
+
+
+def place_params(params, shardings):
+    """Host arrays that every process holds in full -> global arrays laid out by `shardings`.
+
+    The optimizer state of `program.init()` stays: AdamW's moments and count start at zero
+    whatever the parameters, so it is the fresh state of these parameters too.
+    """
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]),
+                        params, shardings)
 
 
 def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus) -> RunResult:

@@ -41,6 +41,13 @@ def add_parser(subparsers) -> None:
                              "--set mesh.model=2 (repeatable)")
     parser.add_argument("positional_overrides", nargs="*", metavar="FIELD=VALUE",
                         help="more overrides, same syntax as --set")
+    parser.add_argument("--init-from", default=None, metavar="DIR",
+                        help="start from a Hugging Face transformers BERT checkpoint directory (config.json, "
+                             "model.safetensors, vocab.txt; e.g. a downloaded bert-base-uncased or a `pmi-jax export "
+                             "hf` output) instead of random weights; the optimizer starts fresh. Its config.json "
+                             "decides the model (a --config or --set that contradicts it is an error) and the corpus "
+                             "must use its vocabulary (`corpus prepare --wordpiece DIR/vocab.txt`). Ignored when "
+                             "--workdir already holds a checkpoint (the run resumes)")
     parser.add_argument("--peak-flops", type=float, default=None,
                         help="peak FLOP/s of one device for the MFU metric (default: looked up for TPU v4/v5e/v5p/"
                              "v6e, A100, H100, H200; MFU is not reported for other devices)")
@@ -101,7 +108,15 @@ def run(args) -> int:
     from pmi_jax.config import apply_overrides
 
     config = load_config(args.config)
-    config = apply_overrides(config, list(args.overrides) + list(args.positional_overrides))
+    overrides = list(args.overrides) + list(args.positional_overrides)
+    config = apply_overrides(config, overrides)
+    pretrained = None
+    if args.init_from:
+        from pmi_jax import huggingface
+
+        pretrained = huggingface.read_pretrained(args.init_from)
+        config = dataclasses.replace(config, model=huggingface.resolve_model_config(
+            config.model, pretrained.fields, overrides, args.config, args.init_from))
     data = dataclasses.replace(config.data, data_dir=args.data if args.data is not None else config.data.data_dir,
                                scheme=args.scheme or config.data.scheme)
     train_config = config.train if args.peak_flops is None else dataclasses.replace(
@@ -120,12 +135,18 @@ def run(args) -> int:
                                         seed=config.data.seed)
     else:
         corpus = train.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split)
+        if pretrained is not None:
+            from pmi_jax.formats import prepared_corpus
+
+            huggingface.check_vocabulary(pretrained, prepared_corpus.vocab_path(config.data.data_dir))
         config = train.configure_for_corpus(config, corpus)
         source = train.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split, config.data.seq_len,
                                    config.train.batch_size, config.data.seed)
     _initialize_distributed(args)
+    # Read (and check) the weights before anything is written, even when the run will resume instead.
+    initial_params = huggingface.initial_params(pretrained, config.model) if pretrained is not None else None
     try:
-        result = train.train(config, args.workdir, source, corpus)
+        result = train.train(config, args.workdir, source, corpus, initial_params=initial_params)
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1
