@@ -26,6 +26,7 @@ summed bf16 dense peak of the devices in use.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -72,41 +73,55 @@ class MetricWriter:
 
     The JSON-lines file is the machine-readable record (one object per logged step); a
     resumed run appends to it, so a step logged twice keeps its last value when read.
+    TensorBoard's event files are written through TensorFlow; where it is not installed (a
+    JAX-only accelerator image training from pre-masked batches) the run still logs to
+    stdout and `metrics.jsonl` on local disk, and says once that it writes no event files.
     """
 
     def __init__(self, logdir: str, enabled: bool):
         self.logdir = logdir
         self.enabled = enabled
         self._tb = None
-        if enabled:
+        if not enabled:
+            return
+        jsonl = os.path.join(logdir, "metrics.jsonl") if "://" not in logdir else logdir.rstrip("/") + "/metrics.jsonl"
+        try:
             import tensorflow as tf
-
-            tf.io.gfile.makedirs(logdir)
-            self._tb = tf.summary.create_file_writer(logdir)
-            self._jsonl = tf.io.gfile.GFile(os.path.join(logdir, "metrics.jsonl") if "://" not in logdir
-                                            else logdir.rstrip("/") + "/metrics.jsonl", "a")
+        except ImportError:
+            if "://" in logdir:
+                raise
+            logging.warning("TensorFlow is not installed: no TensorBoard event files, metrics go to %s", jsonl)
+            os.makedirs(logdir, exist_ok=True)
+            self._jsonl = open(jsonl, "a")
+            return
+        tf.io.gfile.makedirs(logdir)
+        self._tb = tf.summary.create_file_writer(logdir)
+        self._jsonl = tf.io.gfile.GFile(jsonl, "a")
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
-        import tensorflow as tf
+        if self._tb is not None:
+            import tensorflow as tf
 
-        with self._tb.as_default(step=step):
-            for name, value in scalars.items():
-                if value is not None:
-                    tf.summary.scalar(name, value)
+            with self._tb.as_default(step=step):
+                for name, value in scalars.items():
+                    if value is not None:
+                        tf.summary.scalar(name, value)
         self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
         self._jsonl.flush()
         print(f"step {step}  " + "  ".join(_format(k, v) for k, v in scalars.items() if v is not None), flush=True)
 
     def flush(self) -> None:
         if self.enabled:
-            self._tb.flush()
+            if self._tb is not None:
+                self._tb.flush()
             self._jsonl.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self._tb.close()
+            if self._tb is not None:
+                self._tb.close()
             self._jsonl.close()
 
 

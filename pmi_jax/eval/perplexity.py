@@ -25,7 +25,6 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM
-from pmi_jax.storage import gfile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +39,7 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
     """The `input_ids` of each sequence of a prepared corpus split, in shard order."""
     import tensorflow as tf
     from pmi_jax.formats import prepared_corpus
+    from pmi_jax.storage import gfile
 
     paths = sorted(gfile.glob(prepared_corpus.shard_pattern(data_dir, split)))
     if not paths:
