@@ -5,6 +5,7 @@ heads, losses, optimizer and decoding learn the task end to end, not what pretra
 The learning rate is larger than the paper's grid because nothing here is pretrained.
 """
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -31,10 +32,11 @@ def encoder(config):
     return eval_data.mlm_params(config)["encoder"]
 
 
-def _fit(task, examples, wordpiece, config, encoder, max_seq_len, epochs, batch_size=8, learning_rate=FIT_LR):
+def _fit(task, examples, wordpiece, config, encoder, max_seq_len, epochs, batch_size=8, learning_rate=FIT_LR,
+         test=None):
     encoded = task.encode(examples, wordpiece, max_seq_len)
     run = finetune.RunConfig(batch_size=batch_size, learning_rate=learning_rate, epochs=epochs, seed=0)
-    return finetune.finetune_run(task, config, encoder, encoded, encoded, run)
+    return finetune.finetune_run(task, config, encoder, encoded, encoded, run, test=test)
 
 
 def test_classifier_fits_sentiment(wordpiece, config, encoder):
@@ -54,23 +56,35 @@ def test_regressor_fits_similarity(wordpiece, config, encoder):
     assert result["epochs"][-1]["train_loss"] < 0.1  # mean squared error, on scores spanning 0..5
 
 
-def test_span_head_fits_questions_with_and_without_answers(wordpiece, config, encoder):
+def test_span_head_fits_questions_with_and_without_answers(wordpiece, config, encoder, tmp_path):
     paragraphs = eval_data.city_questions(16)
     examples = [squad.SquadExample(qa["id"], qa["question"], p["context"], tuple(a["text"] for a in qa["answers"]),
                                    tuple(a["answer_start"] for a in qa["answers"]))
                 for p in paragraphs for qa in p["qas"]]
     task = dataclasses.replace(squad.SquadTask(), doc_stride=4, max_query_len=8)
+    # The test questions: the same, without answers, as SQuAD's hidden test inputs come.
+    test_examples = [dataclasses.replace(e, answers=(), answer_starts=()) for e in examples]
+    test = task.encode(test_examples, wordpiece, 16)
     # max_seq_len 16 leaves 10 context tokens: every context is split into overlapping windows.
-    result = _fit(task, examples, wordpiece, config, encoder, 16, epochs=16)
+    result = _fit(task, examples, wordpiece, config, encoder, 16, epochs=16, test=test)
     assert result["selected"]["exact"] == 100.0 and result["selected"]["f1"] == 100.0
     assert result["selected"]["NoAns_total"] == 4 and result["selected"]["HasAns_total"] == 12
+    assert not task.has_labels(test) and "test" not in result["epochs"][0]
+    (path,) = task.write_predictions(result["test_outputs"], test, test_examples, str(tmp_path))
+    with open(path) as f:
+        predictions = json.load(f)
+    assert predictions == {e.qid: (e.answers[0] if e.answers else "") for e in examples}
 
 
 def test_multiple_choice_head_fits_race(wordpiece, config, encoder):
     examples = [e for record in eval_data.choice_articles(16)
                 for e in race.examples_from_record(record, "middle", "toy")]
-    result = _fit(race.TASKS["race"], examples, wordpiece, config, encoder, 24, epochs=4)
+    test = race.TASKS["race"].encode(examples[:8], wordpiece, 24)
+    result = _fit(race.TASKS["race"], examples, wordpiece, config, encoder, 24, epochs=4, test=test)
     assert result["selected"]["accuracy"] == 100.0
+    # RACE's test set has its answers: scored after every epoch like dev (here a subset of it).
+    assert [e["test"]["accuracy"] for e in result["epochs"]][-1] == 100.0
+    assert all(set(e["test"]) == {"accuracy", "accuracy_middle", "score"} for e in result["epochs"])
 
 
 def test_runs_are_deterministic_given_the_seed(wordpiece, config, encoder):

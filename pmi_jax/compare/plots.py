@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: CI, TPU VMs, laptops over SSH
 
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pmi_jax import storage  # noqa: E402
 from pmi_jax.compare.report import common_steps, labels, perplexity_split  # noqa: E402
@@ -36,6 +37,7 @@ def _axes(title: str, ylabel: str):
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     axes.set_title(title)
     axes.set_xlabel("pretraining step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
     return figure, axes
