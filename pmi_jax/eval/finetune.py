@@ -6,7 +6,7 @@ pretraining schedule of `pmi_jax.optimizer` (linear warmup over the first 10% of
 decay to 0 at the end); after every epoch the dev set (and the test set, when given) is scored.
 
 The two protocols of Levine et al. 2021 (`FinetuneConfig.protocol`):
-  sweep       (§4.2, Tables 2-3, following RoBERTa/SpanBERT) every batch size × learning rate
+  sweep       (the grid search behind Tables 2-3, following RoBERTa/SpanBERT) every batch size × learning rate
               of the grid, `seeds` runs each; a run reports its best dev epoch (early stopping);
               a configuration scores the median over its seeds; the best median is reported.
   checkpoint  (§4.2, the per-checkpoint evaluation of Figures 1-2 and Tables 1, 6, 7) one
