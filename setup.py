@@ -18,6 +18,7 @@ CORE = [
     "tensorboard",
     "scipy",
     "tqdm",
+    "matplotlib==3.11.2",  # `pmi-jax compare` plots (Agg backend, headless)
 ]
 
 setup(

@@ -149,13 +149,22 @@ def token_units(word_ids_BxL: tf.Tensor) -> tf.Tensor:
 
 
 def span_lengths(key_Bx2: tf.Tensor, length: int, p: float = SPAN_P, max_words: int = SPAN_MAX_WORDS) -> tf.Tensor:
-    """int32 [B, length]: span lengths ~ Geometric(p) on {1, 2, ...}, capped at `max_words`.
+    """int32 [B, length]: span lengths in words ~ Geometric(p) truncated to [1, max_words].
 
-    Inverse CDF: for V ~ U(0, 1], floor(log V / log(1 - p)) + 1 is Geometric(p).
+    SpanBERT's law (Joshi et al. 2020, §3.1, and its code): P(k) ∝ p (1 - p)^(k - 1) for
+    k = 1..max_words, renormalised, so the mean is 3.80 words for p = 0.2 and P(10) = 3.0%.
+    Clipping an untruncated geometric at `max_words` instead would pile its whole tail
+    (13.4%) onto 10 and raise the mean to 4.46.
+
+    Inverse CDF of the truncated law: with q = 1 - p and U ~ U[0, 1),
+    V = 1 - U (1 - q^max_words) lies in (q^max_words, 1], and floor(log V / log q) + 1 is in
+    [1, max_words] with exactly the truncated probabilities. The final clip only guards
+    against float32 rounding at the top edge.
     """
-    v = 1.0 - random_uniform(key_Bx2, _SPAN_LENGTH, length)
-    lengths = tf.floor(tf.math.log(v) / tf.math.log(1.0 - p)) + 1.0
-    return tf.cast(tf.minimum(lengths, float(max_words)), tf.int32)
+    q = 1.0 - p
+    v = 1.0 - random_uniform(key_Bx2, _SPAN_LENGTH, length) * (1.0 - q ** max_words)
+    lengths = tf.floor(tf.math.log(v) / tf.math.log(q)) + 1.0
+    return tf.cast(tf.clip_by_value(lengths, 1.0, float(max_words)), tf.int32)
 
 
 def span_units(word_ids_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
@@ -163,11 +172,11 @@ def span_units(word_ids_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
 
     Precisely: inside each document of the sequence (documents are separated by special
     tokens), spans are laid end to end from the document's first word, with lengths in
-    words drawn independently from Geometric(0.2) capped at 10; the document's end cuts
-    its last span. `select_units` then draws spans uniformly at random without replacement
+    words drawn independently from Geometric(0.2) truncated to [1, 10] (`span_lengths`); the
+    document's end cuts its last span. `select_units` then draws spans uniformly at random without replacement
     into the token budget, exactly as for every other scheme. So spans are whole words,
     never overlap, never cross a document boundary, start at random words, and have the
-    capped geometric length law (only a document's last span is shortened).
+    truncated geometric length law (only a document's last span is shortened).
 
     This is SpanBERT's sampling (a length, then a random start, overlaps rejected) made
     vectorisable: candidate spans are disjoint by construction instead of being rejected

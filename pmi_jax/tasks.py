@@ -4,8 +4,9 @@ training input pipeline built on them.
     names = register_corpus("wiki", data_dir)      # ["wiki_random_token", ..., "wiki_pmi"]
     task = seqio.get_mixture_or_task("wiki_pmi")
     ds = task.get_dataset({"inputs": 512}, split="train", seed=0, num_epochs=None)
-    # examples: inputs, targets, units int32 [L]; weights float32 [L]; L = the corpus's seq_len,
-    # padded past the sequence's end with [PAD] = 0 (units -1, weights 0); shard, position, epoch
+    # examples: inputs, targets, units, word_ids int32 [L]; weights float32 [L]; L = the corpus's
+    # seq_len, padded past the sequence's end with [PAD] = 0 (units and word_ids -1, weights 0);
+    # shard, position, epoch
 
     ds = get_dataset(data_dir, "pmi", "train", seq_len=512, batch_size=32, seed=0,
                      shard_index=jax.process_index(), num_shards=jax.process_count(),
@@ -283,7 +284,9 @@ def mask_examples(
         keys = masking.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])
         masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
                                     regular_ids_V=tf.constant(regular_ids, tf.int32))
-        return {**masked, **{k: batch[k] for k in ("shard", "position", "epoch")}}
+        # word_ids ride along (the feature converter drops them) so that `data dump` can
+        # measure units in words.
+        return {**masked, "word_ids": features["word_ids"], **{k: batch[k] for k in ("shard", "position", "epoch")}}
 
     return dataset.batch(MASK_BATCH).map(mask, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 

@@ -17,8 +17,12 @@ MIN_N, MAX_N = masking_vocab.MIN_N, masking_vocab.MAX_N
 
 
 def default_shares(max_n: int) -> tuple[float, ...]:
-    """The paper's split for n = 2..5 (1/2, 1/4, 1/8, 1/8): each length takes half of what is
-    left, the longest takes the rest. For max_n = 3 that is (1/2, 1/2)."""
+    """The split for n = 2..5 (1/2, 1/4, 1/8, 1/8): each length takes half of what is left, the
+    longest takes the rest. For max_n = 3 that is (1/2, 1/2).
+
+    The split is not in the paper: it is the policy AI21 describe with their published masking
+    vocabularies (github.com/AI21Labs/pmi-masking, README section 1: 50% bigrams, 25% trigrams,
+    12.5% each for 4- and 5-grams)."""
     shares, left = [], 1.0
     for _ in range(2, max_n):
         shares.append(left / 2)

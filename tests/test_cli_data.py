@@ -37,8 +37,9 @@ def test_dump_writes_the_masked_examples(corpus_dir, tmp_path):
     prepared = read_prepared_split(corpus_dir, "train")
     assert len(records) == 12
     for record, source in zip(records, prepared):  # file order, unpadded
-        assert set(record) == {"inputs", "targets", "weights", "units", "shard", "position", "epoch"}
+        assert set(record) == {"inputs", "targets", "weights", "units", "word_ids", "shard", "position", "epoch"}
         assert record["targets"] == source["input_ids"].tolist()
+        assert record["word_ids"] == source["word_ids"].tolist()
         assert record["units"] == source["units_pmi"].tolist()
         inputs, targets, weights = (np.array(record[k]) for k in ("inputs", "targets", "weights"))
         assert set(weights.tolist()) <= {0.0, 1.0} and weights.sum() > 0

@@ -69,10 +69,11 @@ def test_finetune_command_writes_json_and_markdown(glue_checkpoint, tmp_path, ca
     with open(os.path.join(output, "results.json")) as f:
         result = json.load(f)
     assert result["task"] == "glue/rte" and len(result["runs"]) == 4 and result["max_seq_len"] == 16
-    assert result["best"]["median"]["score"] == max(c["median"]["score"] for c in result["configs"])
+    assert result["metric"] == "accuracy" and result["protocol"]["protocol"] == "sweep"
+    assert result["best"]["aggregate"]["score"] == max(c["aggregate"]["score"] for c in result["configs"])
     with open(os.path.join(output, "results.md")) as f:
-        assert "| batch size | learning rate | median accuracy | median score |" in f.read()
-    assert "glue/rte: best median dev score" in capsys.readouterr().out
+        assert "| batch size | learning rate | accuracy | score | scores per seed |" in f.read()
+    assert "glue/rte step 7 (sweep protocol): dev accuracy" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -101,3 +102,55 @@ def test_finetune_refuses_a_vocabulary_the_checkpoint_was_not_trained_with(corpu
     assert main(["eval", "finetune", "--checkpoint", corpus_checkpoint, "--task", "glue/rte", "--data", data,
                  "--vocab", vocab]) == 2
     assert "is not the one checkpoint" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A run directory with checkpoints at steps 7 and 9, as training leaves them."""
+    data_dir = tmp_path_factory.mktemp("english2")
+    vocab = eval_data.write_vocab(str(data_dir / "vocab.txt"))
+    workdir = str(tmp_path_factory.mktemp("run2"))
+    config = dataclasses.replace(eval_data.tiny_config(), vocab_size=eval_data.vocab_size())
+    for step, seed in ((7, 0), (9, 1)):
+        eval_data.save_checkpoint(workdir, config, eval_data.mlm_params(config, seed), data_dir=str(data_dir),
+                                  vocab_sha256=file_sha256(vocab), step=step)
+    return workdir
+
+
+def test_checkpoint_protocol_over_every_step_with_test_predictions(two_step_run, tmp_path, capsys):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(16)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows[:4])
+    eval_data.write_tsv(os.path.join(data, "test.tsv"), ["index", "sentence1", "sentence2"],
+                        [[100 + i, a, b] for i, (a, b, _) in enumerate(rows[:5])])
+    assert main(["eval", "finetune", "--checkpoint", two_step_run, "--steps", "all", "--task", "glue/rte",
+                 "--data", data, "--test-data", data, "--protocol", "checkpoint", "--set", "seeds=3",
+                 "--set", "epochs=2", "--set", "batch_sizes=(8,)", "--max-seq-len", "16"]) == 0
+    printed = capsys.readouterr().out
+    for step in (7, 9):
+        output = os.path.join(two_step_run, "eval", f"glue-rte-checkpoint-step{step}")
+        with open(os.path.join(output, "results.json")) as f:
+            result = json.load(f)
+        assert result["step"] == step and result["protocol"]["protocol"] == "checkpoint"
+        assert result["protocol"]["batch_sizes"] == [8] and result["protocol"]["learning_rates"] == [3e-5]
+        assert all(r["selected_epoch"] == 2 for r in result["runs"]) and len(result["runs"]) == 3
+        with open(os.path.join(output, "RTE.tsv")) as f:
+            lines = f.read().splitlines()
+        assert lines[0] == "index\tprediction" and [x.split("\t")[0] for x in lines[1:]] == [
+            str(100 + i) for i in range(5)]
+        assert {x.split("\t")[1] for x in lines[1:]} <= {"entailment", "not_entailment"}
+        assert result["test_predictions"] == [os.path.join(output, "RTE.tsv")]
+        assert f"glue/rte step {step} (checkpoint protocol)" in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "8"], "--steps 8: no checkpoint at step 8"),
+    (["--set", "seeds=0"], "seeds=0: must be at least 1"),
+    (["--set", "batch_size=3"], "FinetuneConfig has no field 'batch_size'"),
+    (["--set", "protocol=checkpoint"], "choose the protocol with --protocol"),
+])
+def test_finetune_config_errors_are_one_line(two_step_run, tmp_path, capsys, argv, message):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(2)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows)
+    assert main(["eval", "finetune", "--checkpoint", two_step_run, "--task", "glue/rte", "--data", data, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

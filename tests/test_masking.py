@@ -194,7 +194,7 @@ def _documents(word_ids: np.ndarray) -> list[np.ndarray]:
     return [np.arange(a, b) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def test_random_spans_are_whole_words_within_documents_with_capped_geometric_lengths(masked):
+def test_random_spans_are_whole_words_within_documents_with_truncated_geometric_lengths(masked):
     lengths = []
     for ex in masked("random_span"):
         word_ids = ex["prepared"]["word_ids"]
@@ -212,11 +212,12 @@ def test_random_spans_are_whole_words_within_documents_with_capped_geometric_len
                 # length uncut; whether it starts there depends on earlier spans only.
                 if last_word - span_words[0] + 1 >= masking.SPAN_MAX_WORDS:
                     lengths.append(len(span_words))
-    pmf = [0.2 * 0.8 ** (k - 1) for k in range(1, 10)] + [0.8 ** 9]
+    pmf = np.array([0.2 * 0.8 ** (k - 1) for k in range(1, 11)])
+    pmf /= pmf.sum()
     observed = np.bincount(lengths, minlength=11)[1:]
-    assert len(lengths) > 5000
-    # Chi-square against Geometric(0.2) capped at 10; p > 1e-3.
-    assert stats.chisquare(observed, np.array(pmf) * len(lengths)).pvalue > 1e-3
+    assert len(lengths) > 5000 and len(observed) == 10
+    # Chi-square against Geometric(0.2) truncated to [1, 10] and renormalised (SpanBERT); p > 1e-3.
+    assert stats.chisquare(observed, pmf * len(lengths)).pvalue > 1e-3
 
 
 def test_masks_are_deterministic_and_fresh_each_epoch_and_seed(corpus_dir):

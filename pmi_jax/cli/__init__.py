@@ -21,6 +21,7 @@ _STAGES = {
     "data": "pmi_jax.cli.data",
     "train": "pmi_jax.cli.train",
     "eval": "pmi_jax.cli.eval",
+    "compare": "pmi_jax.cli.compare",
     "export": "pmi_jax.cli.export",
 }
 

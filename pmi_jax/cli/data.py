@@ -1,7 +1,7 @@
 """`pmi-jax data dump | show`: look at the masked examples a masking scheme produces.
 
 `dump` writes examples of the scheme's seqio task as JSON lines (`inputs`, `targets`,
-`weights`, `units`, and the example's `shard`, `position`, `epoch`); `show` prints a few
+`weights`, `units`, `word_ids`, and the example's `shard`, `position`, `epoch`); `show` prints a few
 decoded, with each selected unit as {original|what the model sees}.
 """
 from __future__ import annotations
@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
         help="write masked examples as JSON lines",
         description="Write --num masked examples as JSON lines, one object per sequence with the lists "
         "inputs (corrupted ids), targets (original ids), weights (1.0 on every selected token), units (the "
-        "scheme's unit index per token, -1 on special tokens) and the example's shard, position and epoch.",
+        "scheme's unit index per token, -1 on special tokens), word_ids (the word index per token, -1 on special "
+        "tokens: units measured in words) and the example's shard, position and epoch.",
     )
     _add_example_options(dump, default_num=None)
     dump.add_argument("--output", required=True, help="JSON-lines file to write (local or gs://)")
@@ -89,7 +90,7 @@ def run_dump(args: argparse.Namespace) -> int:
     count = 0
     with storage.atomic_file(args.output) as f:
         for ex in examples:
-            record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units")}
+            record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units", "word_ids")}
             record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})
             f.write(json.dumps(record) + "\n")
             count += 1

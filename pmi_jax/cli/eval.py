@@ -1,12 +1,19 @@
 """`pmi-jax eval`: score a pretrained checkpoint.
 
-    pmi-jax eval perplexity --checkpoint runs/tiny-pmi
+    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
+    pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
 
 `perplexity` masks one held-out token at a time (no other corruption) and reports
-exp(mean negative log-likelihood); `finetune` runs the paper's protocol on one task: every
-batch size × learning rate, several seeds each, best dev epoch per run, median over seeds,
-best median reported, written to results.json and results.md.
+exp(mean negative log-likelihood); `finetune` runs one of the paper's protocols on one task
+(`sweep`: the grid, best dev epoch per run, median over seeds, best median; `checkpoint`: batch
+32, lr 3e-5, 4 epochs, last epoch, mean of the middle three of five seeds), written to
+results.json and results.md. With --steps, each checkpoint of the run gets its own result.
+
+Where results go inside the run directory (what `pmi-jax compare` reads):
+    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint
+    RUN/eval/<task>-<protocol>-step<N>/results.json   and results.md, test predictions beside
+(task names with "/" written with "-", e.g. glue-rte-checkpoint-step2000).
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import json
 import logging
 
 from pmi_jax.errors import UserInputError
+from pmi_jax.eval.protocols import PROTOCOLS
 
 _TASK_NAMES = ("glue/cola, glue/sst2, glue/mrpc, glue/stsb, glue/qqp, glue/mnli, glue/qnli, glue/rte, glue/wnli, "
                "squad/v2.0, race, race/high, race/middle")
@@ -26,6 +34,12 @@ def add_parser(subparsers) -> None:
     commands = parser.add_subparsers(dest="eval_command", required=True, metavar="EVALUATION")
     _add_perplexity(commands)
     _add_finetune(commands)
+
+
+def _add_steps(p) -> None:
+    p.add_argument("--steps", default=None,
+                   help="evaluate several checkpoints of the run given by --checkpoint: 'all', or comma-separated "
+                        "steps (default: the one --checkpoint names, or the run's latest)")
 
 
 def _add_checkpoint(p) -> None:
@@ -51,17 +65,24 @@ def _add_perplexity(commands) -> None:
     p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
-    p.add_argument("--output", default=None, help="also write the result to this JSON file")
+    _add_steps(p)
+    p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
+                   "only); the result is always written to RUN/eval/perplexity-<split>-step<N>.json")
     p.set_defaults(func=run_perplexity)
 
 
 def _add_finetune(commands) -> None:
     p = commands.add_parser(
-        "finetune", help="fine-tune on a GLUE task, SQuAD 2.0 or RACE with the paper's protocol",
-        description="Fine-tune the pretrained encoder with a task head for every batch size x learning rate, "
-                    "several seeds each; each run keeps its best dev epoch, a configuration scores the median over "
-                    "its seeds, and the best median is reported. Writes results.json and results.md.")
+        "finetune", help="fine-tune on a GLUE task, SQuAD 2.0 or RACE with one of the paper's protocols",
+        description="Fine-tune the pretrained encoder with a task head under one of the paper's protocols. "
+                    "sweep: every batch size x learning rate, several seeds each, each run keeps its best dev "
+                    "epoch, a configuration scores the median over its seeds, the best median is reported. "
+                    "checkpoint: batch size 32, learning rate 3e-5, 4 epochs, no early stopping, 5 seeds, mean "
+                    "of the middle three. The score is the paper's metric per task (accuracy; Spearman for "
+                    "STS-B, Matthews correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and "
+                    "results.md per checkpoint.")
     _add_checkpoint(p)
+    _add_steps(p)
     p.add_argument("--task", required=True, help=f"one of: {_TASK_NAMES}")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="the task's data in its distributed format: a GLUE task folder "
@@ -72,26 +93,39 @@ def _add_finetune(commands) -> None:
                              "nothing is downloaded), e.g. glue/rte, squad/v2.0, race/high; for RACE the --task "
                              "decides which levels are read")
     p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (default: TFDS's own)")
+    p.add_argument("--test-data", default=None,
+                   help="also evaluate the test set with the chosen configuration's runs: the GLUE task folder "
+                        "(test.tsv; MNLI test_matched/mismatched.tsv) -> <Task>.tsv predictions for the GLUE "
+                        "server; a SQuAD 2.0 JSON file of questions -> predictions.json; the RACE folder "
+                        "(test/high, test/middle) -> test accuracy")
     p.add_argument("--vocab", default=None,
                    help="the WordPiece vocab.txt the checkpoint was trained with (default: the one in the "
                         "checkpoint's corpus directory); checked against the checkpoint's hash")
-    p.add_argument("--batch-sizes", default="16,32", help="comma-separated grid (default: 16,32)")
-    p.add_argument("--learning-rates", default="1e-5,2e-5,3e-5,5e-5",
-                   help="comma-separated grid (default: 1e-5,2e-5,3e-5,5e-5)")
-    p.add_argument("--seeds", type=int, default=5, help="runs per configuration, seeds 0..N-1 (default: 5)")
+    p.add_argument("--protocol", default="sweep", choices=PROTOCOLS,
+                   help="sweep (default): the grid search of the paper's Tables 2-3; checkpoint: the fixed "
+                        "per-checkpoint setting of its Figure 1")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a field of the protocol's FinetuneConfig (repeatable), e.g. seeds=3, "
+                        "batch_sizes=(16,), epochs=2, warmup_fraction=0.06")
+    p.add_argument("--batch-sizes", default=None, help="comma-separated grid (sweep default: 16,32; same as "
+                                                       "--set batch_sizes=(...))")
+    p.add_argument("--learning-rates", default=None,
+                   help="comma-separated grid (sweep default: 1e-5,2e-5,3e-5,5e-5)")
+    p.add_argument("--seeds", type=int, default=None, help="runs per configuration, seeds 0..N-1 (default: 5)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per run (default: the paper's: 3; 10 for RTE and STS-B; 4 for SQuAD and RACE)")
+                   help="epochs per run (sweep default: the paper's: 3; 10 for RTE and STS-B; 4 for SQuAD and "
+                        "RACE; checkpoint protocol: 4)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per input (default: 128 for GLUE, 384 for SQuAD, 512 for RACE, capped at the "
                         "model's max_position_embeddings)")
-    p.add_argument("--eval-batch-size", type=int, default=64, help="examples per dev forward pass (default: 64)")
+    p.add_argument("--eval-batch-size", type=int, default=None, help="examples per dev forward pass (default: 64)")
     p.add_argument("--doc-stride", type=int, default=128, help="SQuAD: tokens between window starts (default: 128)")
     p.add_argument("--max-query-len", type=int, default=64, help="SQuAD: question tokens kept (default: 64)")
     p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
                    help="SQuAD: answer \"\" when the null score beats the best span by more than this (default: 0)")
     p.add_argument("--output", default=None,
-                   help="directory for results.json and results.md (default: WORKDIR/eval/<task>-step<step> of "
-                        "the checkpoint's training workdir)")
+                   help="directory for results.json and results.md (default: RUN/eval/<task>-<protocol>-step<N> "
+                        "of the checkpoint's training run; with several --steps, one step<N>/ folder each)")
     p.set_defaults(func=run_finetune)
 
 
@@ -138,6 +172,29 @@ def _run_dir(checkpoint: str) -> str:
     return checkpoint.rstrip("/")
 
 
+def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
+    """The checkpoint directories --checkpoint and --steps name, in step order."""
+    from pmi_jax import checkpoints, storage
+
+    if steps is None:
+        return [checkpoint]
+    run = _run_dir(checkpoint)
+    folder = checkpoints.checkpoint_dir(run)
+    available = sorted(int(n.rstrip("/")) for n in (storage.gfile.listdir(folder) if storage.gfile.isdir(folder)
+                                                    else []) if n.rstrip("/").isdigit())
+    if not available:
+        raise UserInputError(f"--checkpoint {checkpoint}: no checkpoints/<step> directories in {run}")
+    if steps == "all":
+        chosen = available
+    else:
+        chosen = _parse_list(steps, int, "--steps")
+        missing = [str(n) for n in chosen if n not in available]
+        if missing:
+            raise UserInputError(f"--steps {steps}: no checkpoint at step {', '.join(missing)} in {run} "
+                                 f"(steps there: {', '.join(map(str, available))})")
+    return [storage.join(folder, str(n)) for n in sorted(set(chosen))]
+
+
 def run_perplexity(args: argparse.Namespace) -> int:
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import perplexity
@@ -149,40 +206,71 @@ def run_perplexity(args: argparse.Namespace) -> int:
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
     _quiet_checkpoint_logs()
-    config, params, metadata = checkpoints.restore_for_eval(args.checkpoint)
-    data_dir = args.data or metadata.get("data_dir")
-    if not data_dir:
-        raise UserInputError(f"checkpoint {args.checkpoint} records no corpus; pass --data")
-    corpus = prepared_corpus.read_metadata(data_dir)
-    vocab = prepared_corpus.vocab_path(data_dir)
-    if metadata.get("vocab_sha256") and file_sha256(vocab) != metadata["vocab_sha256"]:
-        raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {args.checkpoint} "
-                             "was trained with (sha256 differs)")
-    with storage.gfile.GFile(vocab, "rb") as f:
-        vocab_size = len(f.read().decode("utf-8").splitlines())
-    if vocab_size != config.vocab_size:
-        raise UserInputError(f"--data {data_dir}: vocab.txt has {vocab_size} tokens, checkpoint {args.checkpoint} "
-                             f"has vocab_size {config.vocab_size}")
-    seq_len = int(corpus["seq_len"])
-    if seq_len > config.max_position_embeddings:
-        raise UserInputError(f"--data {data_dir}: sequences of {seq_len} tokens, the model takes at most "
-                             f"{config.max_position_embeddings}")
-    special = corpus["special_ids"]
-    result = perplexity.single_token_perplexity(
-        BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, args.split, args.max_sequences),
-        seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
-        positions=positions, seed=args.seed, batch_size=args.batch_size)
-    report = {"checkpoint": args.checkpoint, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-              "data": data_dir, "split": args.split, "positions": args.positions, "seed": args.seed,
-              "perplexity": result.perplexity, "mean_nll": result.mean_nll, "num_tokens": result.num_tokens,
-              "num_sequences": result.num_sequences}
-    if args.output:
-        with storage.atomic_file(args.output) as f:
-            f.write(json.dumps(report, indent=2) + "\n")
-    print(f"single-token perplexity {result.perplexity:.3f} (mean NLL {result.mean_nll:.4f} nats) over "
-          f"{result.num_tokens} tokens of {result.num_sequences} {args.split} sequences, checkpoint step "
-          f"{metadata.get('step')}, scheme {metadata.get('scheme')}")
+    paths = _checkpoints(args.checkpoint, args.steps)
+    if args.output and len(paths) > 1:
+        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
+    for path in paths:
+        config, params, metadata = checkpoints.restore_for_eval(path)
+        data_dir = args.data or metadata.get("data_dir")
+        if not data_dir:
+            raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
+        corpus = prepared_corpus.read_metadata(data_dir)
+        vocab = prepared_corpus.vocab_path(data_dir)
+        if metadata.get("vocab_sha256") and file_sha256(vocab) != metadata["vocab_sha256"]:
+            raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {path} "
+                                 "was trained with (sha256 differs)")
+        with storage.gfile.GFile(vocab, "rb") as f:
+            vocab_size = len(f.read().decode("utf-8").splitlines())
+        if vocab_size != config.vocab_size:
+            raise UserInputError(f"--data {data_dir}: vocab.txt has {vocab_size} tokens, checkpoint {path} "
+                                 f"has vocab_size {config.vocab_size}")
+        seq_len = int(corpus["seq_len"])
+        if seq_len > config.max_position_embeddings:
+            raise UserInputError(f"--data {data_dir}: sequences of {seq_len} tokens, the model takes at most "
+                                 f"{config.max_position_embeddings}")
+        special = corpus["special_ids"]
+        result = perplexity.single_token_perplexity(
+            BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, args.split, args.max_sequences),
+            seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
+            positions=positions, seed=args.seed, batch_size=args.batch_size)
+        report = {"checkpoint": path, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
+                  "data": data_dir, "split": args.split, "positions": args.positions, "seed": args.seed,
+                  "max_sequences": args.max_sequences, "perplexity": result.perplexity, "mean_nll": result.mean_nll,
+                  "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
+        text = json.dumps(report, indent=2) + "\n"
+        eval_dir = storage.join(_run_dir(path), "eval")
+        storage.gfile.makedirs(eval_dir)
+        for target in [storage.join(eval_dir, f"perplexity-{args.split}-step{metadata.get('step')}.json"),
+                       *([args.output] if args.output else [])]:
+            with storage.atomic_file(target) as f:
+                f.write(text)
+        print(f"single-token perplexity {result.perplexity:.3f} (mean NLL {result.mean_nll:.4f} nats) over "
+              f"{result.num_tokens} tokens of {result.num_sequences} {args.split} sequences, checkpoint step "
+              f"{metadata.get('step')}, scheme {metadata.get('scheme')}")
     return 0
+
+
+def _finetune_config(args: argparse.Namespace):
+    """The protocol's preset, then the flags, then --set, in that order."""
+    import dataclasses
+
+    from pmi_jax.config import apply_overrides
+    from pmi_jax.eval.protocols import PROTOCOL_DEFAULTS
+
+    config = PROTOCOL_DEFAULTS[args.protocol]
+    flags = {"batch_sizes": args.batch_sizes and tuple(_parse_list(args.batch_sizes, int, "--batch-sizes")),
+             "learning_rates": args.learning_rates and tuple(_parse_list(args.learning_rates, float,
+                                                                        "--learning-rates")),
+             "seeds": args.seeds, "epochs": args.epochs, "max_seq_len": args.max_seq_len,
+             "eval_batch_size": args.eval_batch_size}
+    for name, option in (("seeds", "--seeds"), ("epochs", "--epochs"), ("max_seq_len", "--max-seq-len"),
+                         ("eval_batch_size", "--eval-batch-size")):
+        _positive(flags[name], option)
+    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    config = apply_overrides(config, args.set)
+    if config.protocol != args.protocol:
+        raise UserInputError(f"--set protocol={config.protocol}: choose the protocol with --protocol")
+    return config
 
 
 def run_finetune(args: argparse.Namespace) -> int:
@@ -193,50 +281,65 @@ def run_finetune(args: argparse.Namespace) -> int:
     from pmi_jax.eval.wordpiece import WordPiece, check_vocabulary
 
     task = finetune.get_task(args.task)
-    batch_sizes = _parse_list(args.batch_sizes, int, "--batch-sizes")
-    learning_rates = _parse_list(args.learning_rates, float, "--learning-rates")
-    for value, option in ((args.seeds, "--seeds"), (args.epochs, "--epochs"), (args.max_seq_len, "--max-seq-len"),
-                          (args.eval_batch_size, "--eval-batch-size"), (args.doc_stride, "--doc-stride"),
-                          (args.max_query_len, "--max-query-len")):
+    settings = _finetune_config(args)
+    for value, option in ((args.doc_stride, "--doc-stride"), (args.max_query_len, "--max-query-len")):
         _positive(value, option)
     if task.kind == "span":
         task = dataclasses.replace(task, doc_stride=args.doc_stride, max_query_len=args.max_query_len,
                                    null_score_diff_threshold=args.null_score_diff_threshold)
 
     _quiet_checkpoint_logs()
-    config, params, metadata = checkpoints.restore_for_eval(args.checkpoint)
-    vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir") else None)
-    if not vocab:
-        raise UserInputError(f"checkpoint {args.checkpoint} records no corpus; pass --vocab")
-    wordpiece = WordPiece(vocab)
-    check_vocabulary(wordpiece, metadata, config.vocab_size, args.checkpoint)
-    max_seq_len = args.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
-    if max_seq_len > config.max_position_embeddings:
-        raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
-                             f"{config.max_position_embeddings} tokens")
+    paths = _checkpoints(args.checkpoint, args.steps)
+    encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
+    for path in paths:
+        config, params, metadata = checkpoints.restore_for_eval(path)
+        if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
+            vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
+                                   else None)
+            if not vocab:
+                raise UserInputError(f"checkpoint {path} records no corpus; pass --vocab")
+            wordpiece = WordPiece(vocab)
+            max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
+            if max_seq_len > config.max_position_embeddings:
+                raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
+                                     f"{config.max_position_embeddings} tokens")
+            for split in ("train", "dev", "test"):
+                if split == "test":
+                    if not args.test_data:
+                        continue
+                    examples[split] = task.read(args.test_data, "test")
+                else:
+                    examples[split] = _read_examples(task, args, split)
+                encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
+                logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
+                             len(encoded[split].arrays["input_ids"]))
+        check_vocabulary(wordpiece, metadata, config.vocab_size, path)
 
-    encoded = {}
-    for split in ("train", "dev"):
-        examples = _read_examples(task, args, split)
-        encoded[split] = task.encode(examples, wordpiece, max_seq_len)
-        logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples),
-                     len(encoded[split].arrays["input_ids"]))
-
-    result = finetune.sweep(task, config, params["encoder"], encoded["train"], encoded["dev"],
-                            batch_sizes=batch_sizes, learning_rates=learning_rates, seeds=args.seeds,
-                            epochs=args.epochs or task.epochs, eval_batch_size=args.eval_batch_size)
-    result.update({"checkpoint": args.checkpoint, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-                   "data": args.data or f"tfds:{args.tfds}", "max_seq_len": max_seq_len})
-    output = args.output or storage.join(_run_dir(args.checkpoint), "eval",
-                                         f"{task.name.replace('/', '-')}-step{metadata.get('step')}")
-    storage.gfile.makedirs(output)
-    with storage.atomic_file(storage.join(output, "results.json")) as f:
-        f.write(json.dumps(result, indent=2) + "\n")
-    title = (f"{task.name} fine-tuning of {args.checkpoint} "
-             f"(step {metadata.get('step')}, scheme {metadata.get('scheme')})")
-    with storage.atomic_file(storage.join(output, "results.md")) as f:
-        f.write(finetune.markdown_report(result, title))
-    best = result["best"]
-    print(f"{task.name}: best median dev score {best['median']['score']:.2f} (batch size {best['batch_size']}, "
-          f"learning rate {best['learning_rate']:g}); results in {output}/results.md")
+        result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
+                                              dataclasses.replace(settings, max_seq_len=max_seq_len),
+                                              encoded.get("test"))
+        step = metadata.get("step")
+        result.update({"checkpoint": path, "step": step, "scheme": metadata.get("scheme"),
+                       "data": args.data or f"tfds:{args.tfds}", "test_data": args.test_data,
+                       "max_seq_len": max_seq_len})
+        if args.output:
+            output = args.output if len(paths) == 1 else storage.join(args.output, f"step{step}")
+        else:
+            output = storage.join(_run_dir(path), "eval",
+                                  f"{task.name.replace('/', '-')}-{settings.protocol}-step{step}")
+        storage.gfile.makedirs(output)
+        test_outputs = result.pop("test_outputs", None)
+        if test_outputs is not None:
+            result["test_predictions"] = task.write_predictions(test_outputs, encoded["test"], examples["test"],
+                                                                output)
+        with storage.atomic_file(storage.join(output, "results.json")) as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+        title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})"
+        with storage.atomic_file(storage.join(output, "results.md")) as f:
+            f.write(finetune.markdown_report(result, title))
+        best = result["best"]
+        test = f"; test {best['test']['score']:.2f}" if "test" in best else ""
+        print(f"{task.name} step {step} ({settings.protocol} protocol): dev {result['metric']} "
+              f"{best['aggregate']['score']:.2f} (batch size {best['batch_size']}, learning rate "
+              f"{best['learning_rate']:g}){test}; results in {output}/results.md")
     return 0

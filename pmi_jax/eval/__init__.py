@@ -7,5 +7,6 @@
     glue         the nine GLUE tasks: TSV/TFDS readers, labels, metrics
     squad        SQuAD 2.0: JSON/TFDS reader, stride windows, decoding, official EM/F1
     race         RACE: folder/TFDS reader, multiple-choice encoding, accuracy
-    finetune     one fine-tuning run, and the paper's sweep over batch size × lr × seeds
+    protocols    FinetuneConfig and the paper's two protocols' settings (sweep, per-checkpoint)
+    finetune     one fine-tuning run, and a protocol over batch size × lr × seeds
 """

@@ -1,17 +1,26 @@
-"""Fine-tuning a pretrained encoder on one task, and the paper's protocol sweep over it.
+"""Fine-tuning a pretrained encoder on one task, and the paper's two protocols over it.
 
 One run: the task's head on the pretrained encoder, AdamW as in BERT fine-tuning (β 0.9/0.999,
-ε 1e-6, weight decay 0.01 except biases and LayerNorm, gradients clipped at norm 1), the
-learning rate rising linearly over the first 10% of steps and falling linearly to 0 at the
-end; after every epoch the dev set is scored, and the run reports its best epoch (early
-stopping on dev).
+ε 1e-6, weight decay 0.01 except biases and LayerNorm, gradients clipped at norm 1) with the
+pretraining schedule of `pmi_jax.optimizer` (linear warmup over the first 10% of steps, linear
+decay to 0 at the end); after every epoch the dev set (and the test set, when given) is scored.
 
-The protocol (Levine et al. 2021, following RoBERTa/SpanBERT): every batch size × learning
-rate of the grid, `seeds` runs each; a configuration's result is the median over its seeds
-of each run's best dev score; reported is the configuration with the best median.
+The two protocols of Levine et al. 2021 (`FinetuneConfig.protocol`):
+  sweep       (the grid search behind Tables 2-3, following RoBERTa/SpanBERT) every batch size × learning rate
+              of the grid, `seeds` runs each; a run reports its best dev epoch (early stopping);
+              a configuration scores the median over its seeds; the best median is reported.
+  checkpoint  (§4.2, the per-checkpoint evaluation of Figures 1-2 and Tables 1, 6, 7) one
+              setting: batch size 32, learning rate 3e-5, 4 epochs, no early stopping (a run
+              reports its last epoch), 5 seeds, the mean of the middle three.
+Either way the number that selects epochs and configurations is the paper's metric for the
+task (its Table 8): dev accuracy for GLUE, except Spearman correlation for STS-B and Matthews
+correlation for CoLA; F1 for SQuAD 2.0; accuracy for RACE (`task.selection_metric`, also the
+"score" of every evaluation). Every official metric is aggregated over the same runs and
+reported beside it.
 
-All runs of a sweep share the encoded data and the compiled step functions: the head module,
-the loss and the batch shape are the only static arguments, the learning rate is a traced scalar.
+All runs share the encoded data and the compiled step functions: the head module, the loss,
+the optimizer and the batch shape are the only static arguments, the learning rate is a
+traced scalar.
 """
 from __future__ import annotations
 
@@ -28,26 +37,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax.config import ModelConfig
+from pmi_jax.config import ModelConfig, OptimizerConfig
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import glue, race, squad
 from pmi_jax.eval.heads import Encoded
+from pmi_jax.eval.protocols import FinetuneConfig
 from pmi_jax.model import BertEncoder
-from pmi_jax.optimizer import weight_decay_mask
+from pmi_jax.optimizer import learning_rate_schedule, weight_decay_mask
 
 # Every task (GlueTask, SquadTask, RaceTask: frozen dataclasses) offers the same small surface:
 #   name, epochs, max_seq_len, kind       the paper's defaults; kind in classification/span/choice
-#   read(path, split), read_tfds(name, split, data_dir) -> examples   split in train/dev
+#   selection_metric                      the paper's metric (Table 8): picks epochs and configs
+#   read(path, split), read_tfds(name, split, data_dir) -> examples   split in train/dev/test
 #   encode(examples, wordpiece, max_seq_len) -> Encoded               model arrays + decoding info
 #   head(config) -> nn.Module, loss -> fn(outputs, batch) -> [B]      the model side
 #   evaluate(outputs, encoded) -> {metric: value, "score": ...}        ×100; "score" is maximised
+#   write_predictions(outputs, encoded, directory) -> [files]          test predictions, leaderboard format
 TASKS: dict[str, Any] = {**glue.TASKS, "squad/v2.0": squad.SquadTask(), **race.TASKS}
-
-WARMUP_FRACTION = 0.1
-# BERT fine-tuning's AdamW; the learning rate is applied in the step (see _train_step).
-_OPTIMIZER = optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6),
-                         optax.add_decayed_weights(0.01, mask=weight_decay_mask))
-
 
 def get_task(name: str):
     if name not in TASKS:
@@ -64,6 +70,25 @@ class RunConfig:
     eval_batch_size: int = 64
 
 
+@functools.cache
+def _optimizer(b1: float, b2: float, eps: float, weight_decay: float, grad_clip_norm: float):
+    """BERT fine-tuning's AdamW without its learning rate (applied in the step: see _train_step).
+    Cached, so that equal settings give the same (hashable) object and share compiled steps."""
+    parts = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm > 0 else []
+    return optax.chain(*parts, optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+                       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
+
+
+def optimizer_for(config: FinetuneConfig):
+    return _optimizer(config.b1, config.b2, config.eps, config.weight_decay, config.grad_clip_norm)
+
+
+def learning_rate_schedule_for(config: FinetuneConfig, peak: float, total_steps: int):
+    """The pretraining schedule (`pmi_jax.optimizer`) with warmup over `warmup_fraction` of the run."""
+    warmup = int(config.warmup_fraction * total_steps)
+    return learning_rate_schedule(OptimizerConfig(peak_learning_rate=peak, warmup_steps=warmup), total_steps)
+
+
 # ---- jitted pieces --------------------------------------------------------------------------
 # Static: the head module (hashable, equal across tasks with the same head and config) and the
 # loss function, so that e.g. all two-class GLUE tasks share one compiled step per batch shape.
@@ -75,15 +100,15 @@ def _init_head(rng, *, model):
     return nn.unbox(model.init({"params": rng}, hidden_1x1xD, deterministic=True, method="head"))["params"]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "loss"), donate_argnums=(0, 1))
-def _train_step(params, opt_state, batch, weights_B, rng, learning_rate, *, model, loss):
+@functools.partial(jax.jit, static_argnames=("model", "loss", "optimizer"), donate_argnums=(0, 1))
+def _train_step(params, opt_state, batch, weights_B, rng, learning_rate, *, model, loss, optimizer):
     def loss_fn(p):
         outputs = model.apply({"params": p}, batch, deterministic=False, rngs={"dropout": rng})
         loss_B = loss(outputs, batch)
         return jnp.sum(loss_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
 
     value, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = _OPTIMIZER.update(grads, opt_state, params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, u: p - learning_rate * u, params, updates)
     return params, opt_state, value
 
@@ -94,14 +119,6 @@ def _predict(params, batch, *, model):
 
 
 # ---- one run -----------------------------------------------------------------------------------
-
-def learning_rate_at(step: int, peak: float, total_steps: int) -> float:
-    """Linear warmup over the first 10% of `total_steps`, then linear decay to 0."""
-    warmup = int(WARMUP_FRACTION * total_steps)
-    if step < warmup:
-        return peak * step / warmup
-    return peak * max(total_steps - step, 0) / max(total_steps - warmup, 1)
-
 
 def _take(arrays: dict[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v[index] for k, v in arrays.items()}
@@ -145,82 +162,148 @@ def initial_params(task, config: ModelConfig, encoder_params, seed: int):
             "encoder": jax.tree.map(lambda x: jnp.array(x, copy=True), encoder_params)}
 
 
-def finetune_run(task, config: ModelConfig, encoder_params, train: Encoded, dev: Encoded, run: RunConfig) -> dict:
-    """Train for `run.epochs`, scoring dev after each; returns per-epoch metrics and the best."""
+def finetune_run(task, config: ModelConfig, encoder_params, train: Encoded, dev: Encoded, run: RunConfig,
+                 finetune: FinetuneConfig = FinetuneConfig(), test: Encoded | None = None) -> dict:
+    """Train for `run.epochs`, scoring dev (and test) after each; returns per-epoch metrics and
+    the selected epoch: the best dev score (sweep) or the last epoch (checkpoint protocol).
+
+    With `test`, the selected epoch's test outputs are kept under "test_outputs" (arrays, not
+    for JSON) and, when the test set has labels, its metrics under each epoch's "test".
+    """
     n = len(train.arrays["input_ids"])
     steps_per_epoch = math.ceil(n / run.batch_size)
     total_steps = steps_per_epoch * run.epochs
+    schedule = learning_rate_schedule_for(finetune, run.learning_rate, total_steps)
+    optimizer = optimizer_for(finetune)
     model = task.head(config)
     params = initial_params(task, config, encoder_params, run.seed)
-    opt_state = _OPTIMIZER.init(params)
+    opt_state = optimizer.init(params)
     shuffle = np.random.default_rng(run.seed)
     dropout_key = jax.random.key(run.seed + 1)
-    step, epochs = 0, []
+    step, epochs, selected, test_outputs = 0, [], None, None
     for epoch in range(1, run.epochs + 1):
         losses = []
         for index, weights in _padded_batches(n, run.batch_size, shuffle.permutation(n)):
-            lr = np.float32(learning_rate_at(step, run.learning_rate, total_steps))
+            lr = np.float32(schedule(step))
             params, opt_state, loss = _train_step(params, opt_state, _take(train.arrays, index), weights,
                                                   jax.random.fold_in(dropout_key, step), lr,
-                                                  model=model, loss=task.loss)
+                                                  model=model, loss=task.loss, optimizer=optimizer)
             losses.append(loss)
             step += 1
         dev_metrics = task.evaluate(predict(task, config, params, dev, run.eval_batch_size), dev)
-        epochs.append({"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))), **dev_metrics})
-        logging.info("%s bs=%d lr=%g seed=%d epoch %d/%d: train loss %.4f, dev score %.2f", task.name,
-                     run.batch_size, run.learning_rate, run.seed, epoch, run.epochs, epochs[-1]["train_loss"],
-                     dev_metrics["score"])
-    best = max(epochs, key=lambda e: e["score"])  # first best epoch on ties
-    return {**dataclasses.asdict(run), "epochs": epochs, "best_epoch": best["epoch"],
-            "best": {k: v for k, v in best.items() if k not in ("epoch", "train_loss")}}
+        record = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))), **dev_metrics}
+        outputs = predict(task, config, params, test, run.eval_batch_size) if test is not None else None
+        if outputs is not None and task.has_labels(test):
+            record["test"] = _scores(task.evaluate(outputs, test))
+        epochs.append(record)
+        # sweep: the first best epoch (early stopping on dev); checkpoint: the last epoch.
+        if selected is None or finetune.protocol == "checkpoint" or record["score"] > selected["score"]:
+            selected, test_outputs = record, outputs
+        logging.info("%s bs=%d lr=%g seed=%d epoch %d/%d: train loss %.4f, dev %s %.2f", task.name,
+                     run.batch_size, run.learning_rate, run.seed, epoch, run.epochs, record["train_loss"],
+                     task.selection_metric, dev_metrics["score"])
+    result = {**dataclasses.asdict(run), "epochs": epochs, "selected_epoch": selected["epoch"],
+              "selected": {k: v for k, v in selected.items() if k not in ("epoch", "train_loss")}}
+    if test is not None:
+        result["test_outputs"] = test_outputs
+    return result
 
 
-# ---- the protocol ------------------------------------------------------------------------------
+def _scores(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
 
-def sweep(task, config: ModelConfig, encoder_params, train: Encoded, dev: Encoded, *, batch_sizes, learning_rates,
-          seeds: int, epochs: int, eval_batch_size: int = 64) -> dict:
-    """Every (batch size, learning rate) × `seeds` seeds; the configuration with the best median."""
+
+# ---- the protocols -----------------------------------------------------------------------------
+
+def kept_seeds(scores: list[float], protocol: str) -> list[int]:
+    """Indices of the runs a configuration's result is the mean of, ordered by score.
+
+    sweep: the median run (the two middle runs for an even number of seeds, whose mean is the
+    median). checkpoint: all but the best and the worst run, i.e. the middle three of five.
+    Ties are broken by seed, so the choice is deterministic.
+    """
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    n = len(order)
+    if protocol == "sweep":
+        return order[(n - 1) // 2:n // 2 + 1]
+    return order[1:-1] if n >= 3 else order
+
+
+def _mean_over(runs: list[dict], key) -> dict:
+    names = [m for m, v in key(runs[0]).items() if isinstance(v, (int, float))]
+    return {m: float(np.mean([key(r)[m] for r in runs])) for m in names}
+
+
+def evaluate_checkpoint(task, config: ModelConfig, encoder_params, train: Encoded, dev: Encoded,
+                        finetune: FinetuneConfig, test: Encoded | None = None) -> dict:
+    """Every (batch size, learning rate) × `seeds` seeds under the protocol; the best configuration.
+
+    A configuration's "aggregate" is each metric's mean over its `kept_seeds` runs (selected by
+    the task's selection metric), and "test" the same runs' test metrics when the test set has
+    labels. The best configuration is the first, in grid order, with the highest aggregate score.
+    """
     start = time.time()
-    runs, configs = [], []
-    for batch_size in batch_sizes:
-        for learning_rate in learning_rates:
+    epochs = finetune.epochs_for(task)
+    runs, configs, test_outputs = [], [], {}
+    for batch_size in finetune.batch_sizes:
+        for learning_rate in finetune.learning_rates:
             group = [finetune_run(task, config, encoder_params, train, dev,
-                                  RunConfig(batch_size, learning_rate, epochs, seed, eval_batch_size))
-                     for seed in range(seeds)]
+                                  RunConfig(batch_size, learning_rate, epochs, seed, finetune.eval_batch_size),
+                                  finetune, test)
+                     for seed in range(finetune.seeds)]
+            scores = [r["selected"]["score"] for r in group]
+            kept = kept_seeds(scores, finetune.protocol)
+            entry = {"batch_size": batch_size, "learning_rate": learning_rate,
+                     "aggregate": _mean_over([group[i] for i in kept], lambda r: r["selected"]),
+                     "seed_scores": scores, "kept_seeds": kept}
+            selected_test = [group[i]["epochs"][group[i]["selected_epoch"] - 1].get("test") for i in kept]
+            if all(selected_test):
+                entry["test"] = _mean_over(selected_test, lambda t: t)
+            # Leaderboard predictions come from one run: the median one (the lower of two middles).
+            median_seed = kept_seeds(scores, "sweep")[0]
+            entry["prediction_seed"] = median_seed
+            for r in group:
+                outputs = r.pop("test_outputs", None)
+                if outputs is not None and r["seed"] == median_seed:
+                    test_outputs[(batch_size, learning_rate)] = outputs
             runs.extend(group)
-            metric_names = list(group[0]["best"])
-            configs.append({"batch_size": batch_size, "learning_rate": learning_rate,
-                            "median": {m: float(np.median([r["best"][m] for r in group])) for m in metric_names},
-                            "seed_scores": [r["best"]["score"] for r in group]})
-    best = max(configs, key=lambda c: c["median"]["score"])  # first in grid order on ties
-    return {"task": task.name,
-            "protocol": {"batch_sizes": list(batch_sizes), "learning_rates": list(learning_rates), "seeds": seeds,
-                         "epochs": epochs, "warmup_fraction": WARMUP_FRACTION, "weight_decay": 0.01,
-                         "selection": "median over seeds of each run's best dev epoch; best median"},
-            "best": best, "configs": configs, "runs": runs, "seconds": round(time.time() - start, 1)}
+            configs.append(entry)
+    best = max(configs, key=lambda c: c["aggregate"]["score"])  # first in grid order on ties
+    result = {"task": task.name, "metric": task.selection_metric,
+              "protocol": {**dataclasses.asdict(finetune), "epochs": epochs, "aggregate": finetune.aggregate,
+                           "selection": ("each run's best dev epoch" if finetune.protocol == "sweep"
+                                         else "each run's last epoch (no early stopping)")},
+              "best": best, "configs": configs, "runs": runs, "seconds": round(time.time() - start, 1)}
+    if test is not None:
+        result["test_outputs"] = test_outputs[(best["batch_size"], best["learning_rate"])]
+    return result
 
 
 def markdown_report(result: dict, title: str) -> str:
-    """The sweep as a Markdown table: one row per configuration, the best one in bold.
+    """The evaluation as a Markdown table: one row per configuration, the best one in bold.
 
     Scores only: counts and thresholds (SQuAD's `total`, `best_f1_thresh`, ...) stay in the JSON.
     """
-    metric_names = [m for m in result["best"]["median"]
+    protocol = result["protocol"]
+    metric_names = [m for m in result["best"]["aggregate"]
                     if m != "score" and not m.endswith(("total", "_thresh"))] + ["score"]
     lines = [f"# {title}", "",
-             f"{result['task']}: median over {result['protocol']['seeds']} seeds of each run's best dev epoch "
-             f"({result['protocol']['epochs']} epochs); metrics ×100.", "",
-             "| batch size | learning rate | " + " | ".join(f"median {m}" for m in metric_names)
-             + " | scores per seed |",
+             f"{result['task']}, {protocol['protocol']} protocol: {protocol['aggregate']} over {protocol['seeds']} "
+             f"seeds of {protocol['selection']} ({protocol['epochs']} epochs); score = dev {result['metric']}; "
+             "metrics ×100.", "",
+             "| batch size | learning rate | " + " | ".join(metric_names) + " | scores per seed |",
              "|" + "---|" * (len(metric_names) + 3)]
     for c in result["configs"]:
-        cells = [str(c["batch_size"]), f"{c['learning_rate']:g}", *(f"{c['median'][m]:.2f}" for m in metric_names),
+        cells = [str(c["batch_size"]), f"{c['learning_rate']:g}", *(f"{c['aggregate'][m]:.2f}" for m in metric_names),
                  ", ".join(f"{s:.2f}" for s in c["seed_scores"])]
         if c is result["best"] or c == result["best"]:
             cells = [f"**{x}**" for x in cells]
         lines.append("| " + " | ".join(cells) + " |")
     best = result["best"]
-    lines += ["", f"Best median: **{best['median']['score']:.2f}** (batch size {best['batch_size']}, "
-                  f"learning rate {best['learning_rate']:g}): "
-                  + ", ".join(f"{m} {best['median'][m]:.2f}" for m in metric_names if m != "score"), ""]
-    return "\n".join(lines)
+    lines += ["", f"Best: dev {result['metric']} **{best['aggregate']['score']:.2f}** (batch size "
+                  f"{best['batch_size']}, learning rate {best['learning_rate']:g}): "
+                  + ", ".join(f"{m} {best['aggregate'][m]:.2f}" for m in metric_names if m != "score")]
+    if "test" in best:
+        lines.append("Test (same runs): " + ", ".join(f"{m} {v:.2f}" for m, v in best["test"].items()
+                                                      if not m.endswith(("total", "_thresh"))))
+    return "\n".join(lines + [""])

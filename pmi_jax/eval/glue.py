@@ -9,8 +9,15 @@ instead of training on the wrong column. CoLA's files have no header; its layout
 
 Scores follow the GLUE leaderboard: CoLA Matthews correlation, STS-B Pearson/Spearman, MRPC and
 QQP F1/accuracy, the rest accuracy (MNLI: matched, with mismatched reported beside it), all
-×100. `score`, the number early stopping and the sweep maximise, is the mean of a task's
-metrics on its (matched) dev set, as the leaderboard averages them.
+×100. `score`, the number that selects epochs and configurations, is the paper's metric
+(Levine et al. 2021, Table 8): dev accuracy, except Spearman for STS-B and Matthews correlation
+for CoLA (`selection_metric`).
+
+Test sets carry no labels: `read(path, "test")` reads `test.tsv` (MNLI: `test_matched.tsv`
+and `test_mismatched.tsv`; every test file has a header and an `index` or `id` column), and
+`write_predictions` writes what the GLUE server takes: one `<Task>.tsv` per task (MNLI-m and
+MNLI-mm for MNLI) with the header `index<TAB>prediction`, labels as the TSVs spell them and
+STS-B scores as numbers.
 """
 from __future__ import annotations
 
@@ -34,8 +41,9 @@ csv.field_size_limit(1 << 24)
 class GlueExample:
     text_a: str
     text_b: str | None
-    label: float  # class index, or the similarity score for STS-B
-    subset: str = ""  # "" or "mismatched" (MNLI's second dev set)
+    label: float  # class index, or the similarity score for STS-B; -1 (NaN for STS-B) on test sets
+    subset: str = ""  # "" or "mismatched" (MNLI's second dev and test set)
+    guid: str = ""  # the test file's index / id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +63,10 @@ class GlueTask:
     epochs: int = 3
     max_seq_len: int = 128
     kind: str = "classification"
+    selection_metric: str = "accuracy"
+    test_text_columns: tuple | None = None  # when the test file names its text columns differently
+    test_files: tuple[tuple[str, str], ...] = (("test.tsv", ""),)  # (file, subset)
+    submission_names: tuple[tuple[str, str], ...] = ()  # (subset, file stem); default: the folder name
 
     @property
     def num_outputs(self) -> int:
@@ -63,12 +75,46 @@ class GlueTask:
     # ---- reading -------------------------------------------------------------------------------
 
     def read(self, path: str, split: str) -> list[GlueExample]:
-        """Examples of `split` ("train" or "dev") from a GLUE task folder (or its parent)."""
+        """Examples of `split` ("train", "dev" or "test") from a GLUE task folder (or its parent)."""
         directory = self._task_dir(path)
+        if split == "test":
+            examples = []
+            for name, subset in self.test_files:
+                examples.extend(self._read_test_tsv(join(directory, name), subset))
+            return examples
         files = [("train.tsv", "")] if split == "train" else list(self.dev_files)
         examples = []
         for name, subset in files:
             examples.extend(self._read_tsv(join(directory, name), subset))
+        return examples
+
+    def _read_test_tsv(self, path: str, subset: str) -> list[GlueExample]:
+        if not gfile.exists(path):
+            raise UserInputError(f"GLUE {self.folder}: missing {path}")
+        with gfile.GFile(path, "rb") as f:
+            rows = list(csv.reader(io.StringIO(f.read().decode("utf-8-sig")), delimiter="\t",
+                                   quoting=csv.QUOTE_NONE))
+        header = rows[0] if rows else []
+        names = list(self.test_text_columns or self.text_columns)
+        id_column = next((c for c in ("index", "id") if c in header), None)
+        missing = [c for c in names if c not in header] + ([] if id_column else ["index"])
+        if missing:
+            raise UserInputError(f"{path}: not a GLUE {self.folder} test TSV: header lacks column(s) "
+                                 f"{', '.join(missing)} (found: {', '.join(header) or 'nothing'})")
+        columns = [header.index(c) for c in names]
+        id_index = header.index(id_column)
+        missing_label = -1.0 if self.labels else float("nan")
+        examples = []
+        for line, row in enumerate(rows[1:], start=2):
+            if not row:
+                continue
+            if len(row) <= max(columns + [id_index]):
+                raise UserInputError(f"{path}:{line}: {len(row)} tab-separated fields, too few for its header")
+            texts = [row[c] for c in columns]
+            examples.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, missing_label, subset,
+                                        row[id_index]))
+        if not examples:
+            raise UserInputError(f"{path}: no examples")
         return examples
 
     def _task_dir(self, path: str) -> str:
@@ -171,8 +217,32 @@ class GlueTask:
             suffix = f"_{subset}" if subset else ""
             for metric in self.metric_names:
                 result[metric + suffix] = 100.0 * _METRICS[metric](predictions[keep], labels[keep])
-        result["score"] = float(np.mean([result[m] for m in self.metric_names]))
+        result["score"] = result[self.selection_metric]
         return result
+
+    def has_labels(self, encoded: heads.Encoded) -> bool:
+        labels = encoded.arrays["label"]
+        return bool(np.all(labels >= 0) if self.labels else np.all(np.isfinite(labels)))
+
+    def write_predictions(self, outputs: dict[str, np.ndarray], encoded: heads.Encoded, examples, directory: str):
+        """One `<Task>.tsv` per test file in the GLUE server's format; returns the paths written."""
+        from pmi_jax import storage
+
+        logits = outputs["logits"]
+        stems = dict(self.submission_names) or {"": self.folder}
+        written = []
+        for _, subset in self.test_files:
+            lines = ["index\tprediction"]
+            for example, row in zip(examples, logits):
+                if example.subset != subset:
+                    continue
+                value = f"{float(row[0]):.3f}" if self.labels is None else self.labels[int(np.argmax(row))]
+                lines.append(f"{example.guid}\t{value}")
+            path = join(directory, f"{stems[subset]}.tsv")
+            with storage.atomic_file(path) as f:
+                f.write("\n".join(lines) + "\n")
+            written.append(path)
+        return written
 
 
 _METRICS = {"accuracy": metrics.accuracy, "f1": metrics.f1, "matthews_corrcoef": metrics.matthews_corrcoef,
@@ -183,18 +253,20 @@ _ENTAILMENT = ("entailment", "not_entailment")
 
 TASKS = {t.name: t for t in [
     GlueTask("glue/cola", "CoLA", (3,), 1, _BINARY, ("matthews_corrcoef",), ("sentence",), _BINARY,
-             has_header=False),
+             has_header=False, selection_metric="matthews_corrcoef", test_text_columns=("sentence",)),
     GlueTask("glue/sst2", "SST-2", ("sentence",), "label", _BINARY, ("accuracy",), ("sentence",), _BINARY),
     GlueTask("glue/mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", _BINARY, ("f1", "accuracy"),
              ("sentence1", "sentence2"), _BINARY),
     GlueTask("glue/stsb", "STS-B", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"),
-             ("sentence1", "sentence2"), epochs=10),
+             ("sentence1", "sentence2"), epochs=10, selection_metric="spearman"),
     GlueTask("glue/qqp", "QQP", ("question1", "question2"), "is_duplicate", _BINARY, ("f1", "accuracy"),
              ("question1", "question2"), _BINARY, skip_short_rows=True),
     GlueTask("glue/mnli", "MNLI", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
              ("accuracy",), ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
              dev_files=(("dev_matched.tsv", ""), ("dev_mismatched.tsv", "mismatched")),
-             tfds_dev=(("validation_matched", ""), ("validation_mismatched", "mismatched"))),
+             tfds_dev=(("validation_matched", ""), ("validation_mismatched", "mismatched")),
+             test_files=(("test_matched.tsv", ""), ("test_mismatched.tsv", "mismatched")),
+             submission_names=(("", "MNLI-m"), ("mismatched", "MNLI-mm"))),
     GlueTask("glue/qnli", "QNLI", ("question", "sentence"), "label", _ENTAILMENT, ("accuracy",),
              ("question", "sentence"), _ENTAILMENT),
     GlueTask("glue/rte", "RTE", ("sentence1", "sentence2"), "label", _ENTAILMENT, ("accuracy",),

@@ -6,7 +6,8 @@ JSON object: an `article` with parallel lists `questions`, `options` (four strin
 where qa is the question with its blank ("_") filled by the option, or else the question
 followed by the option; the article side is the one cut when the pair is too long. The head
 scores the four encodings and a softmax over them picks the answer. Reported: accuracy (×100)
-overall, and on the high-school and middle-school parts when both are present.
+overall, and on the high-school and middle-school parts when both are present; the test split
+(`test/`, public with its answers) is scored the same way.
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ class RaceTask:
     epochs: int = 4
     max_seq_len: int = 512
     kind: str = "choice"
+    selection_metric: str = "accuracy"
 
     def read(self, path: str, split: str) -> list[RaceExample]:
         return read_race(path, split, self.levels)
@@ -142,6 +144,14 @@ class RaceTask:
                     result[f"accuracy_{level}"] = 100.0 * metrics.accuracy(predictions[keep], labels[keep])
         result["score"] = result["accuracy"]
         return result
+
+    def has_labels(self, encoded: heads.Encoded) -> bool:
+        del encoded  # RACE's test set is public, with its answers: test accuracy is reported
+        return True
+
+    def write_predictions(self, outputs, encoded, examples, directory: str):
+        del outputs, encoded, examples, directory  # RACE has no prediction leaderboard format
+        return []
 
 
 TASKS = {t.name: t for t in [RaceTask("race", LEVELS), RaceTask("race/high", ("high",)),

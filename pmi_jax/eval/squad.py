@@ -154,7 +154,8 @@ def read_squad_file(path: str) -> list[SquadExample]:
             for paragraph in article["paragraphs"]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
-                    answers = [] if qa.get("is_impossible") else qa["answers"]
+                    # Test inputs carry no answers: read as unanswerable, only predicted.
+                    answers = [] if qa.get("is_impossible") else qa.get("answers", [])
                     examples.append(SquadExample(str(qa["id"]), qa["question"], context,
                                                  tuple(a["text"] for a in answers),
                                                  tuple(int(a["answer_start"]) for a in answers)))
@@ -258,8 +259,13 @@ class SquadTask:
     n_best: int = 20
     null_score_diff_threshold: float = 0.0
     kind: str = "span"
+    selection_metric: str = "f1"
 
     def read(self, path: str, split: str) -> list[SquadExample]:
+        if split == "test":  # a file in SQuAD's JSON format, as the leaderboard's test inputs are
+            if gfile.isdir(path):
+                raise UserInputError(f"--test-data {path}: expected a SQuAD 2.0 JSON file of test questions")
+            return read_squad_file(path)
         if not gfile.isdir(path):
             raise UserInputError(f"--data {path}: expected a folder holding {FILES['train']} and {FILES['dev']}")
         return read_squad_file(join(path, FILES[split]))
@@ -372,6 +378,25 @@ class SquadTask:
         result.update(best_thresholds(windows.examples, spans, finite))
         result["score"] = result["f1"]
         return result
+
+    def has_labels(self, encoded: heads.Encoded) -> bool:
+        del encoded  # SQuAD 2.0's test set is hidden: test questions are predicted, never scored here
+        return False
+
+    def predictions(self, outputs: dict[str, np.ndarray], encoded: heads.Encoded) -> dict[str, str]:
+        """question id -> answer text ("" for no answer), with the null-score threshold applied."""
+        spans, margins = self.decode(outputs, encoded.info)
+        return {q: ("" if margins[q] > self.null_score_diff_threshold else spans[q]) for q in spans}
+
+    def write_predictions(self, outputs: dict[str, np.ndarray], encoded: heads.Encoded, examples, directory: str):
+        """SQuAD's prediction file ({question id: answer}, the official script's and CodaLab's input)."""
+        from pmi_jax import storage
+
+        del examples  # the windows know their questions
+        path = join(directory, "predictions.json")
+        with storage.atomic_file(path) as f:
+            f.write(json.dumps(self.predictions(outputs, encoded), indent=1, ensure_ascii=False) + "\n")
+        return [path]
 
 
 def _top(values: np.ndarray, k: int) -> np.ndarray:

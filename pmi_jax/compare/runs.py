@@ -1,0 +1,137 @@
+"""What one training run directory holds, read back for comparison.
+
+Nothing here computes: every number was written by an earlier command into the run directory
+(docs/experiments.md, "Where results live"):
+    RUN/checkpoints/<step>/                      `pmi-jax train`: the run's config in each checkpoint's metadata
+    RUN/tensorboard/metrics.jsonl                `pmi-jax train`: loss, accuracy, ... per logged step
+    RUN/eval/perplexity-<split>-step<N>.json     `pmi-jax eval perplexity`
+    RUN/eval/<task>-<protocol>-step<N>/results.json   `pmi-jax eval finetune`
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from pmi_jax import storage
+from pmi_jax.errors import UserInputError
+
+METRICS_FILE = ("tensorboard", "metrics.jsonl")  # pmi_jax.train.TENSORBOARD_DIR, MetricWriter's file
+EVAL_DIR = "eval"
+PERPLEXITY_PREFIX = "perplexity-"
+
+# Training settings that must agree for two runs to be compared: everything that shapes what
+# is learned except the masking scheme (model, corpus, batch, steps, schedule, seeds).
+COMPARED_SECTIONS = ("model", "optimizer")
+COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"), ("data", "seed"),
+                   ("train", "batch_size"), ("train", "num_steps"), ("train", "seed"))
+
+
+@dataclasses.dataclass
+class Run:
+    path: str
+    name: str
+    scheme: str
+    config: dict  # the ExperimentConfig as saved with the run's latest checkpoint
+    last_step: int
+    training: dict[int, dict]  # step -> scalars logged at that step (the last write wins)
+    perplexity: dict[str, dict[int, dict]]  # split -> step -> `eval perplexity` result
+    finetune: dict[tuple[str, str], dict[int, dict]]  # (task, protocol) -> step -> `eval finetune` result
+
+    def settings(self) -> dict[str, object]:
+        """The compared settings, flattened to dotted names."""
+        out = {}
+        for section in COMPARED_SECTIONS:
+            for key, value in sorted(self.config.get(section, {}).items()):
+                out[f"{section}.{key}"] = value
+        for section, key in COMPARED_FIELDS:
+            out[f"{section}.{key}"] = self.config.get(section, {}).get(key)
+        return out
+
+
+def _read_json(path: str):
+    try:
+        with storage.gfile.GFile(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{path}: not JSON ({e})") from None
+
+
+def _training_metrics(path: str) -> dict[int, dict]:
+    if not storage.gfile.exists(path):
+        return {}
+    rows = {}
+    with storage.gfile.GFile(path, "rb") as f:
+        for number, line in enumerate(f.read().decode("utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows[int(row["step"])] = row  # a resumed run rewrites steps: the last write wins
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise UserInputError(f"{path}:{number}: not a metrics line (JSON with a step)") from None
+    return rows
+
+
+def _latest_metadata(path: str) -> tuple[int, dict]:
+    from pmi_jax import checkpoints
+    from pmi_jax.config import CheckpointConfig
+
+    if not storage.gfile.isdir(checkpoints.checkpoint_dir(path)):
+        raise UserInputError(f"{path}: no checkpoints/ directory: not a pmi-jax training run")
+    checkpointer = checkpoints.Checkpointer(path, CheckpointConfig(), read_only=True)
+    try:
+        step = checkpointer.latest_step()
+        if step is None:
+            raise UserInputError(f"{path}: holds no complete checkpoint")
+        return step, checkpointer.metadata(step)
+    finally:
+        checkpointer.close()
+
+
+def read_run(path: str) -> Run:
+    path = path.rstrip("/")
+    if not storage.gfile.isdir(path):
+        raise UserInputError(f"{path}: no such run directory")
+    step, metadata = _latest_metadata(path)
+    config = metadata.get("config") or {}
+    scheme = metadata.get("scheme") or config.get("data", {}).get("scheme") or "unknown"
+    run = Run(path, os.path.basename(path), scheme, config, step,
+              _training_metrics(storage.join(path, *METRICS_FILE)), {}, {})
+    eval_dir = storage.join(path, EVAL_DIR)
+    if not storage.gfile.isdir(eval_dir):
+        return run
+    for name in sorted(n.rstrip("/") for n in storage.gfile.listdir(eval_dir)):
+        entry = storage.join(eval_dir, name)
+        if name.startswith(PERPLEXITY_PREFIX) and name.endswith(".json"):
+            result = _read_json(entry)
+            if "perplexity" not in result or "step" not in result:
+                raise UserInputError(f"{entry}: not an `eval perplexity` result (no perplexity or step)")
+            run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
+        elif storage.gfile.exists(storage.join(entry, "results.json")):
+            result = _read_json(storage.join(entry, "results.json"))
+            try:
+                key = (result["task"], result["protocol"]["protocol"])
+                result["best"]["aggregate"]["score"], int(result["step"])
+            except (KeyError, TypeError, ValueError):
+                raise UserInputError(f"{entry}/results.json: not an `eval finetune` result of this version "
+                                     "(needs task, step, protocol and best.aggregate)") from None
+            run.finetune.setdefault(key, {})[int(result["step"])] = result
+    return run
+
+
+def mismatches(runs: list[Run]) -> list[str]:
+    """One line per setting on which some run differs from the first (its scheme aside)."""
+    reference = runs[0].settings()
+    lines = []
+    for run in runs[1:]:
+        settings = run.settings()
+        for key in sorted(set(reference) | set(settings)):
+            if reference.get(key) != settings.get(key):
+                lines.append(f"{run.name} ({run.scheme}): {key} = {settings.get(key)!r}, but "
+                             f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
+    schemes = [r.scheme for r in runs]
+    for scheme in sorted({s for s in schemes if schemes.count(s) > 1}):
+        lines.append(f"scheme {scheme} appears in {schemes.count(scheme)} runs: "
+                     + ", ".join(r.name for r in runs if r.scheme == scheme))
+    return lines
