@@ -126,7 +126,8 @@ def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict
     appearance; nothing in the output depends on the numbering). n-gram keys follow
     `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams * F + last word.
     """
-    from preprocess.ngram_counts import NgramCounts, lookup
+    from preprocess.ngram_counts import NgramCounts
+    from preprocess.sorted_keys import lookup
 
     levels: dict[int, list[tuple[Gram, int]]] = {n: [] for n in range(1, max_n + 1)}
     for n, gram_count in frequent:

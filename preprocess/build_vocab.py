@@ -79,7 +79,9 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     """
     from pmi_jax import storage
     from preprocess.documents import expand_inputs
-    from preprocess.ngram_counts import count_ngrams, covered_fraction, tokenise_corpus
+    from preprocess.coverage import covered_fraction
+    from preprocess.ngram_counts import count_ngrams
+    from preprocess.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()
@@ -176,7 +178,7 @@ def tsv_rows_text(table, words_CxN: np.ndarray, n: int, counts: np.ndarray, scor
     row adds more. Here the digits of all rows are computed at once (`_score_chars`), laid out in a character matrix, one row's
     "\t{n}\t{count}\t{score}" after another, and joined to the n-gram texts by `join_pieces_as_lines`.
     """
-    from preprocess.ngram_counts import join_pieces_as_lines
+    from preprocess.byte_pieces import join_pieces_as_lines
 
     buffer, starts, lengths = table.text_spans(words_CxN)
     count_chars, count_digits = _decimal_chars(np.asarray(counts, np.int64))
