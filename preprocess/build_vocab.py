@@ -8,7 +8,6 @@ only: the same bytes whatever the number of workers and whether counts spilled t
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import math
@@ -76,6 +75,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     Returns the statistics written to stats.json. Bad options, missing or empty input and an
     existing `output` (without `overwrite`) raise UserInputError before anything is written.
     `memory_budget_bytes` and `chunk_positions` exist for tests (force spilling, many chunks).
+    Run it inside `preprocess.malloc_thresholds.large_array_malloc()` for full speed (the
+    command does).
     """
     from pmi_jax import storage
     from preprocess.documents import expand_inputs
@@ -85,7 +86,6 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
 
     started = time.time()
     options = options.validated()
-    _keep_freed_memory_for_reuse()
     storage.check_new_output(output, overwrite)
     files = expand_inputs(inputs)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
@@ -110,25 +110,6 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     except FileExistsError:  # created by someone else while we counted
         raise storage.existing_output_error(output)
     return stats
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
-
-
-def _keep_freed_memory_for_reuse() -> None:
-    """Ask glibc's malloc to serve numpy's multi-megabyte temporaries from its heap and to keep
-    freed memory there (mmap threshold 64 MiB, trim threshold 512 MiB, for this process).
-
-    By default every array above 128 KiB-32 MiB is a fresh mmap, and each of its 4 KiB pages
-    faults on first touch: the build makes thousands of such temporaries (per chunk of 2^20
-    positions, per level), and the faults took about 12% of its CPU time. Not glibc: no-op.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 512 << 20)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclasses.dataclass

@@ -91,8 +91,11 @@ def run_build(args: argparse.Namespace) -> int:
         stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
                                             pipeline_options=beam_options.pipeline_options(args))
     else:
-        stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
-                                 progress=not args.no_progress)
+        from preprocess.malloc_thresholds import large_array_malloc
+
+        with large_array_malloc():
+            stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                     progress=not args.no_progress)
     per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
     print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
           f"{stats['documents']} documents, coverage {stats['coverage']:.1%}, {stats['elapsed_seconds']:.1f} s")
