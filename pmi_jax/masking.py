@@ -1,4 +1,6 @@
-"""In-graph masking (DESIGN §5): pick masking units covering 15% of a sequence, corrupt them.
+"""In-graph masking: pick masking units covering 15% of a sequence, corrupt them.
+
+The contract: docs/design.md, "Masking schemes" and "Determinism".
 
 Every function here is pure TensorFlow on a batch of B sequences padded to a fixed length
 L (`input_ids` 0, the index features -1 on padding), usable inside a tf.data map function:
@@ -54,7 +56,7 @@ _UNSELECTED, _MASKED, _RANDOMISED, _KEPT = range(4)
 def masking_budget(num_tokens: tf.Tensor | int) -> tf.Tensor | int:
     """floor(15% of `num_tokens`), at least 1 (a Python int in, a Python int out).
 
-    Floor rather than DESIGN's round: with round, 15% of 510 tokens (76.5) becomes 77 and the
+    Floor rather than BERT's round: with round, 15% of 510 tokens (76.5) becomes 77 and the
     masked share could exceed 15%; floor keeps it at or under 15% for every sequence holding at
     least 7 tokens (below that the one-token minimum wins). Integer arithmetic, so the budget
     never depends on float rounding.

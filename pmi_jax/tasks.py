@@ -1,5 +1,5 @@
-"""seqio Tasks for the six masking schemes over a prepared corpus (DESIGN §5), and the
-training input pipeline built on them.
+"""seqio Tasks for the six masking schemes over a prepared corpus, and the training input pipeline
+built on them (docs/design.md, "Masking schemes" and "Determinism").
 
     names = register_corpus("wiki", data_dir)      # ["wiki_random_token", ..., "wiki_pmi"]
     task = seqio.get_mixture_or_task("wiki_pmi")

@@ -5,7 +5,8 @@
         --machine_type n2-highmem-16 --setup_file ./setup.py
 
 The same input and options give the same masking_vocab.txt and masking_vocab.tsv, byte for
-byte, as the local build (DESIGN §1-3), and the same stats.json but for elapsed_seconds. The
+byte, as the local build (docs/design.md, "Words and n-grams" to "Masking vocabulary"), and the
+same stats.json but for elapsed_seconds. The
 stages and the local code each one runs:
 
   words      preprocess.words, on batches of documents (preprocess.beam_pipeline)

@@ -1,4 +1,6 @@
-"""`pmi-jax vocab build` as a function: corpus files -> masking vocabulary directory (DESIGN §1-3).
+"""`pmi-jax vocab build` as a function: corpus files -> masking vocabulary directory.
+
+The contract: docs/design.md, "Words and n-grams", "Measures" and "Masking vocabulary".
 
     count (preprocess/ngram_counts.py) -> score per length (preprocess/measures.py)
     -> rank and take quotas (preprocess/masking_vocab.py) -> coverage -> write atomically

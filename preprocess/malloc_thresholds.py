@@ -11,8 +11,9 @@ The thresholds belong to the whole process, so a library function must not chang
 its caller's back: the command (`pmi-jax vocab build`) and the benchmark that want them say so.
 glibc has no call that reads them, so the block ends by setting what the process started with:
 glibc's defaults, or `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` where the environment
-sets them, and hands back to the system the free heap memory the block kept. (After any mallopt call glibc stops sliding the mmap threshold; there is no call that
-turns the sliding back on.) Not glibc: the block changes nothing.
+sets them, and hands back to the system the free heap memory the block kept. (After any mallopt
+call glibc stops sliding the mmap threshold; there is no call that turns the sliding back on.)
+Not glibc: the block changes nothing.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Masking units (DESIGN §4): segment each document's words by a masking vocabulary of n-grams.
+"""Masking units (docs/design.md, "Prepared corpus"): segment each document's words by a masking vocabulary of n-grams.
 
 Definitions, for one document and one vocabulary (n-grams of 2 or more words):
 

@@ -1,4 +1,4 @@
-"""Statistical and exact properties of the six masking schemes (DESIGN §5).
+"""Statistical and exact properties of the six masking schemes (docs/design.md, "Masking schemes").
 
 The masks come from the real seqio tasks over a prepared corpus of ~2,000 sequences of
 192 tokens (tests/prepared_data.py), in file order, and are checked against the prepared
@@ -21,8 +21,8 @@ from tests.prepared_data import CLS, MASK, PAD, SEP, UNK, read_prepared_split, w
 
 SCHEMES = masking.SCHEMES
 SPECIAL = {PAD, UNK, CLS, SEP, MASK}
-# Long enough for DESIGN §5's "under 2% short of the budget" to be testable for random_span,
-# whose units are largest: at 128 tokens (budget 19) it falls 2.1% short, 0.8% at 192, under
+# Long enough for the "under 2% short of the budget" (docs/design.md, "Masking schemes") to be
+# testable for random_span, whose units are largest: at 128 tokens (budget 19) it falls 2.1% short, 0.8% at 192, under
 # 0.5% at 512 (measured on the demo corpus: 0.0%).
 SEQ_LEN = 192
 
@@ -99,7 +99,7 @@ def test_budget_never_exceeded_and_nearly_met(masked, scheme):
         if tokens >= 7:  # below 7 tokens the one-token minimum is more than 15%
             assert selected <= 0.15 * tokens, f"{selected} of {tokens} tokens is above 15%"
         shares.append(selected / _budget(tokens))
-    # DESIGN §5: on average the selection falls short of the budget by under 2%.
+    # docs/design.md, "Masking schemes": on average the selection falls short of the budget by under 2%.
     assert np.mean(shares) >= 0.98, f"mean selected/budget {np.mean(shares):.4f}"
 
 
@@ -363,7 +363,9 @@ def test_random_below_is_the_exact_high_word_of_bits_times_n(n):
     """floor(bits * n / 2^32) for the stream's 32-bit draws, as a 64-bit product gives it."""
     keys = randomness.hash_keys(tf.range(64, dtype=tf.int64))
     bound = np.arange(1, 65) * 1000 if n == "per row" else n
-    drawn = randomness.random_below(keys, randomness.Stream.REPLACEMENT_IDS, 300, tf.constant(bound) if n == "per row" else n)
-    bits = randomness.random_bits(keys, randomness.Stream.REPLACEMENT_IDS, 300).numpy().astype(np.uint64)
+    drawn = randomness.random_below(keys, randomness.Stream.REPLACEMENT_IDS, 300,
+                                    tf.constant(bound) if n == "per row" else n)
+    bits = randomness.random_bits(keys, randomness.Stream.REPLACEMENT_IDS, 300)
+    bits = bits.numpy().astype(np.uint64)
     expected = (bits * np.asarray(bound, np.uint64).reshape(-1, 1)) >> np.uint64(32)
     np.testing.assert_array_equal(drawn.numpy(), expected)

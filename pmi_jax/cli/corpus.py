@@ -1,4 +1,4 @@
-"""`pmi-jax corpus prepare | show`: the prepared corpus of DESIGN §4 (WordPiece ids, masking units)."""
+"""`pmi-jax corpus prepare | show`: WordPiece ids and masking units (docs/design.md, "Prepared corpus")."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ def add_parser(subparsers) -> None:
     corpus = subparsers.add_parser(
         "corpus", help="tokenise, segment into masking units and pack a corpus into TFRecord shards",
         description="Turn raw documents into the training input: WordPiece ids, whole-word and masking-unit "
-        "indices per token, packed into [CLS] ... [SEP] sequences (DESIGN.md §4).")
+        "indices per token, packed into [CLS] ... [SEP] sequences.")
     commands = corpus.add_subparsers(dest="corpus_command", required=True, metavar="COMMAND")
     _add_prepare(commands)
     _add_show(commands)

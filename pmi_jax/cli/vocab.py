@@ -1,4 +1,7 @@
-"""`pmi-jax vocab build|show|check`: make, inspect and validate masking vocabularies (DESIGN §3)."""
+"""`pmi-jax vocab build|show|check`: make, inspect, validate masking vocabularies.
+
+The contract: docs/design.md, "Measures" and "Masking vocabulary".
+"""
 from __future__ import annotations
 
 import argparse
