@@ -49,15 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. `argv` None: the process's own command line (see above)."""
-    args = build_parser().parse_args(argv)
     stderr_filter = None
-    if argv is None:
+    if argv is None:  # before parsing: --help may import the library to show its defaults
         from pmi_jax.cli import quiet
 
-        quiet.configure_logging(args.verbose)
-        stderr_filter = None if args.verbose else quiet.filter_stderr()
+        verbose = quiet.verbose_requested(sys.argv[1:])
+        quiet.configure_logging(verbose)
+        stderr_filter = None if verbose else quiet.filter_stderr()
     try:
-        return _run(args)
+        return _run(build_parser().parse_args(argv))
     finally:
         if stderr_filter is not None:
             stderr_filter.close()

@@ -19,6 +19,7 @@ Two sources, two filters:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -60,6 +61,11 @@ class _QuietFilter(logging.Filter):
         if not own and record.levelno < logging.WARNING:
             return False
         return own or not _NOISY_MESSAGES.search(record.getMessage())
+
+
+def verbose_requested(argv: list[str]) -> bool:
+    """Whether `--verbose` is among the options before the command (read before the parser is built)."""
+    return "--verbose" in itertools.takewhile(lambda arg: arg.startswith("-"), argv)
 
 
 def configure_logging(verbose: bool) -> None:
