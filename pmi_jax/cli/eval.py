@@ -190,7 +190,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import finetune
-    from pmi_jax.eval.wordpiece import WordPiece, check_vocabulary
+    from pmi_jax.eval.wordpiece import WordPiece, check_matches_checkpoint
 
     task = finetune.get_task(args.task)
     batch_sizes = _parse_list(args.batch_sizes, int, "--batch-sizes")
@@ -209,7 +209,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     if not vocab:
         raise UserInputError(f"checkpoint {args.checkpoint} records no corpus; pass --vocab")
     wordpiece = WordPiece(vocab)
-    check_vocabulary(wordpiece, metadata, config.vocab_size, args.checkpoint)
+    check_matches_checkpoint(wordpiece, metadata, config.vocab_size, args.checkpoint)
     max_seq_len = args.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
     if max_seq_len > config.max_position_embeddings:
         raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
