@@ -116,3 +116,24 @@ def test_logging_filter_keeps_own_messages_and_real_warnings():
                        "An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib is not installed.")
     assert not _passes("absl", logging.WARNING, 'Type handler registry type "Array" overriding array')
     assert not _passes("absl", logging.INFO, "Checkpoint manager created")
+
+
+def test_filter_outlives_signals_to_the_process_group():
+    """SIGINT / SIGTERM go to the whole group: the command may catch them and still print."""
+    code = (
+        "import os, signal, sys\n"
+        "from pmi_jax.cli import quiet\n"
+        "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+        "signal.signal(signal.SIGINT, lambda *a: None)\n"
+        "f = quiet.filter_stderr()\n"
+        "os.killpg(os.getpgrp(), signal.SIGTERM)\n"
+        "os.killpg(os.getpgrp(), signal.SIGINT)\n"
+        "import time; time.sleep(0.5)\n"
+        "sys.stderr.write('I0000 00:00:1.5   7 cudart_stub.cc:31] Could not find cuda drivers\\n')\n"
+        "sys.stderr.write('checkpoint saved at step 7\\n')\n"
+        "f.close()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "checkpoint saved at step 7\n"

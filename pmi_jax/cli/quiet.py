@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import re
+import signal
 import sys
 import time
 
@@ -123,6 +124,11 @@ class StderrFilter:
         read_fd, write_fd = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
+            # Ctrl-C and SIGTERM reach the whole process group; the command may handle them (a
+            # checkpoint on SIGTERM) and still have things to say. The filter ends at EOF, when
+            # the command and its children have closed the pipe.
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
             os.close(write_fd)
             try:
                 _filter_loop(read_fd, 2)
