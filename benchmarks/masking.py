@@ -35,7 +35,7 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-from pmi_jax import masking, tasks  # noqa: E402
+from pmi_jax import masking, randomness, tasks  # noqa: E402
 
 
 def _single_threaded(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -106,7 +106,7 @@ def main() -> None:
     records = records.take(args.num).cache()
     parsed = _single_threaded(records.batch(tasks.MASK_BATCH).map(
         lambda batch: {**tasks.parse_records(batch["record"], corpus.unit_names, corpus.seq_len),
-                       "key": masking.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])}
+                       "key": randomness.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])}
     ).cache())
     batches = list(parsed.as_numpy_iterator())
     sequences = []  # the same sequences unpadded, as a per-example masker receives them

@@ -13,6 +13,7 @@ process calls `save` and `restore` (each writes/reads its own shards).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -74,8 +75,13 @@ class Checkpointer:
         self._manager.close()
 
 
+@functools.cache
 def _no_replica_parallel_on_cpu() -> None:
     """Save replicated arrays from one replica when the devices are CPUs.
+
+    Once per process (hence the cache): Orbax's handler registry is global, and registering
+    again for every Checkpointer would only replace the handler with an equal one and repeat
+    Orbax's "overriding" warning.
 
     Orbax's replica-parallel save slices every replicated array across its replicas, which
     costs one XLA compilation per array shape; on accelerators that buys parallel

@@ -19,7 +19,7 @@ from typing import Any
 
 from pmi_jax.errors import UserInputError
 
-# Masking schemes (DESIGN.md §5), defined once here for the CLI and pmi_jax.masking. The PMI
+# Masking schemes (docs/design.md, "Masking schemes"), defined once here for the CLI and pmi_jax.masking. The PMI
 # family needs a prepared unit vocabulary of the same name; the others work on any corpus.
 SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")

@@ -1,4 +1,6 @@
-"""In-graph masking (DESIGN §5): pick masking units covering 15% of a sequence, corrupt them.
+"""In-graph masking: pick masking units covering 15% of a sequence, corrupt them.
+
+The contract: docs/design.md, "Masking schemes" and "Determinism".
 
 Every function here is pure TensorFlow on a batch of B sequences padded to a fixed length
 L (`input_ids` 0, the index features -1 on padding), usable inside a tf.data map function:
@@ -6,12 +8,10 @@ no py_function and no Python loop over tokens or sequences. Working on whole bat
 the per-op cost of TensorFlow negligible; each row is still masked on its own, so a
 sequence's mask does not depend on which batch it lands in.
 
-Randomness is stateless and per sequence: `example_keys` turns (run seed, shard, position,
-epoch) into a 64-bit key per row, and `random_bits` hashes (key, stream, position) into
-32 random bits. A mask is thus a pure function of the run seed, the example and the epoch.
-(tf.random.stateless_* take one seed per op, which would force one op per sequence; the
-hash keeps every op batched. It is the `lowbias32` integer mixer applied twice, ample for
-choosing masks.)
+Randomness is stateless and per sequence (pmi_jax/randomness.py): each row comes with the
+key of its example, a hash of (run seed, shard, position, epoch), and every draw is a hash
+of (key, stream, position). A mask is thus a pure function of the run seed, the example and
+the epoch.
 
 Masking takes three steps:
   1. units    `scheme_units`: an int32 unit index per token, -1 on special tokens and
@@ -38,6 +38,7 @@ from typing import Mapping
 import tensorflow as tf
 
 from pmi_jax.config import SCHEMES, UNIT_SCHEMES  # the scheme names, defined once
+from pmi_jax.randomness import Stream, random_below, random_uniform
 
 # Schemes whose units come from the prepared corpus, and the unit feature each one reads.
 PREPARED_UNIT_FEATURES = {scheme: f"units_{scheme}" for scheme in UNIT_SCHEMES}
@@ -48,81 +49,14 @@ RANDOM_SHARE = 0.1
 SPAN_P = 0.2
 SPAN_MAX_WORDS = 10
 
-# Random streams drawn from one example key; each is used for one purpose only.
-_ORDER, _FATE, _REPLACEMENT, _SPAN_LENGTH = range(4)
 # What happens to a unit: the codes of `_mask_units`.
 _UNSELECTED, _MASKED, _RANDOMISED, _KEPT = range(4)
-_LANES = (0x243F6A88, 0x85A308D3)  # two independent 32-bit hash lanes make a 64-bit key
-
-
-def _mix32(x: tf.Tensor) -> tf.Tensor:
-    """lowbias32 (C. Wellons): a bijective 32-bit mixer with near-ideal avalanche."""
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16)) * tf.constant(0x7FEB352D, tf.uint32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 15)) * tf.constant(0x846CA68B, tf.uint32)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-
-
-def _words32(x: tf.Tensor) -> list[tf.Tensor]:
-    """A non-negative int64 tensor as its low and high 32-bit words (uint32)."""
-    x = tf.cast(x, tf.int64)
-    low = tf.cast(tf.bitwise.bitwise_and(x, 0xFFFFFFFF), tf.uint32)
-    return [low, tf.cast(tf.bitwise.right_shift(x, 32), tf.uint32)]
-
-
-def example_keys(*ids_B: tf.Tensor) -> tf.Tensor:
-    """uint32 [B, 2]: the random key of each row, a hash of its non-negative int ids.
-
-    The data pipeline passes (run seed, shard, position, epoch): the mask of an example is
-    then a function of the run seed, its place in the prepared files and the epoch only.
-    """
-    words = [w for ids in ids_B for w in _words32(ids)]
-    lanes = []
-    for lane in _LANES:
-        h = tf.fill(tf.shape(words[0]), tf.constant(lane, tf.uint32))
-        for w in words:
-            h = _mix32(tf.bitwise.bitwise_xor(h, w))
-        lanes.append(h)
-    return tf.stack(lanes, axis=-1)
-
-
-def random_bits(key_Bx2: tf.Tensor, stream: int, length: int, offset: tf.Tensor | int = 0) -> tf.Tensor:
-    """uint32 [B, length]: 32 random bits per (row key, stream, position), at positions
-    offset, offset + 1, ..., offset + length - 1."""
-    row_B1 = _mix32(tf.bitwise.bitwise_xor(key_Bx2[:, :1], tf.constant(0x9E3779B9 * (stream + 1) % 2**32, tf.uint32)))
-    position_1xN = tf.cast(tf.range(length)[None, :] + offset, tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
-    return _mix32(tf.bitwise.bitwise_xor(_mix32(row_B1 + position_1xN), key_Bx2[:, 1:]))
-
-
-def random_uniform(key_Bx2: tf.Tensor, stream: int, length: int, offset: tf.Tensor | int = 0) -> tf.Tensor:
-    """float32 [B, length] in [0, 1), 24 random bits each."""
-    bits = tf.bitwise.right_shift(random_bits(key_Bx2, stream, length, offset), 8)
-    return tf.cast(bits, tf.float32) * (1.0 / (1 << 24))
-
-
-def random_below(
-    key_Bx2: tf.Tensor, stream: int, length: int, n: tf.Tensor | int, offset: tf.Tensor | int = 0
-) -> tf.Tensor:
-    """int32 [B, length] uniform on [0, n): floor(bits * n / 2^32), bias below n / 2^32.
-
-    `n` is one bound for every row (an int) or a bound per row ([B], each below 2^16). Below
-    2^16 the product is taken in 16-bit halves, bits = 2^16 h + l:
-    floor(bits n / 2^32) = (h n + (l n >> 16)) >> 16 exactly, in uint32 arithmetic, which
-    XLA's CPU code runs faster than the 64-bit product used for larger n.
-    """
-    bits = random_bits(key_Bx2, stream, length, offset)
-    if isinstance(n, int) and n >= 1 << 16:
-        return tf.cast(tf.bitwise.right_shift(tf.cast(bits, tf.int64) * n, 32), tf.int32)
-    n = tf.cast(n, tf.uint32)
-    n = n[:, None] if n.shape.rank == 1 else n
-    high = tf.bitwise.right_shift(bits, 16) * n
-    low = tf.bitwise.right_shift(tf.bitwise.bitwise_and(bits, 0xFFFF) * n, 16)
-    return tf.cast(tf.bitwise.right_shift(high + low, 16), tf.int32)
 
 
 def masking_budget(num_tokens: tf.Tensor | int) -> tf.Tensor | int:
     """floor(15% of `num_tokens`), at least 1 (a Python int in, a Python int out).
 
-    Floor rather than DESIGN's round: with round, 15% of 510 tokens (76.5) becomes 77 and the
+    Floor rather than BERT's round: with round, 15% of 510 tokens (76.5) becomes 77 and the
     masked share could exceed 15%; floor keeps it at or under 15% for every sequence holding at
     least 7 tokens (below that the one-token minimum wins). Integer arithmetic, so the budget
     never depends on float rounding.
@@ -162,7 +96,7 @@ def span_lengths(key_Bx2: tf.Tensor, length: int, p: float = SPAN_P, max_words: 
     against float32 rounding at the top edge.
     """
     q = 1.0 - p
-    v = 1.0 - random_uniform(key_Bx2, _SPAN_LENGTH, length) * (1.0 - q ** max_words)
+    v = 1.0 - random_uniform(key_Bx2, Stream.SPAN_LENGTHS, length) * (1.0 - q ** max_words)
     lengths = tf.floor(tf.math.log(v) / tf.math.log(q)) + 1.0
     return tf.cast(tf.clip_by_value(lengths, 1.0, float(max_words)), tf.int32)
 
@@ -252,7 +186,7 @@ def _unit_codes(sizes_BxU: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, w
     selected unit is corrupted.
 
     The random order: draw unit slots independently and uniformly from [0, n) (n = the
-    row's highest unit slot + 1; draw t is the `_ORDER` stream at position t) and keep each
+    row's highest unit slot + 1; draw t is the `UNIT_ORDER` stream at position t) and keep each
     slot's first draw. The first occurrences of i.i.d. uniform draws come in a uniformly
     random order (exactly so, up to `random_below`'s bias of n / 2^32), and the scan order
     comes out directly, with no sort: sorting random priorities (top_k of the next units, the
@@ -262,7 +196,7 @@ def _unit_codes(sizes_BxU: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, w
     The draws go `window` at a time: dedup (a scatter-min of the draw index by slot, then
     "is this the slot's first draw?"), `greedy_fill` of the window's new units into what is
     left of the budget (so the budget is never exceeded), and, for every unit taken at draw
-    t, its fate: one draw u ~ U(0, 1) (the `_FATE` stream at t: one independent draw per
+    t, its fate: one draw u ~ U(0, 1) (the `UNIT_FATE` stream at t: one independent draw per
     unit, as a unit is taken once): u < 0.8 -> all [MASK], u < 0.9 -> all random ids, else
     unchanged. A row is done when nothing is left of its budget or no undrawn unit fits what
     is left; until then the next window continues the same draws, so the windows are
@@ -283,7 +217,7 @@ def _unit_codes(sizes_BxU: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, w
 
     def draw_window(w, first_R, code_R, left_B, done_B):
         draw_BxD = tf.broadcast_to(w * window + tf.range(window)[None, :], [batch, window])  # draw indices t
-        slot_BxD = random_below(key_Bx2, _ORDER, window, num_slots_B, offset=w * window)
+        slot_BxD = random_below(key_Bx2, Stream.UNIT_ORDER, window, num_slots_B, offset=w * window)
         index_Nx1 = tf.reshape(row_base_Bx1 + slot_BxD, [-1, 1])
         first_R = tf.tensor_scatter_nd_min(first_R, index_Nx1, tf.reshape(draw_BxD, [-1]))
         is_first_BxD = tf.reshape(tf.gather_nd(first_R, index_Nx1), [batch, window]) == draw_BxD
@@ -291,7 +225,7 @@ def _unit_codes(sizes_BxU: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, w
         sizes_BxD = tf.where(is_first_BxD & ~done_B[:, None], sizes_BxD, 0)
         taken_BxD = greedy_fill(sizes_BxD, left_B)
         left_B -= tf.reduce_sum(tf.where(taken_BxD, sizes_BxD, 0), axis=-1)
-        fate_BxD = random_uniform(key_Bx2, _FATE, window, offset=w * window)
+        fate_BxD = random_uniform(key_Bx2, Stream.UNIT_FATE, window, offset=w * window)
         code_BxD = tf.where(fate_BxD < MASK_SHARE + RANDOM_SHARE, _RANDOMISED, _KEPT)
         code_BxD = tf.where(taken_BxD, tf.where(fate_BxD < MASK_SHARE, _MASKED, code_BxD), _UNSELECTED)
         code_R = tf.tensor_scatter_nd_max(code_R, index_Nx1, tf.reshape(code_BxD, [-1]))
@@ -353,12 +287,12 @@ def _mask_units(
     weights are 1.0 on the selected tokens, 0.0 elsewhere.
 
     Each token of a randomly replaced unit draws its own id from `regular_ids_V` (the
-    `_REPLACEMENT` stream, by position).
+    `REPLACEMENT_IDS` stream, by position).
     """
     length = input_ids_BxL.shape[1]
     budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1))
     code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, None)
-    draw_BxL = random_below(key_Bx2, _REPLACEMENT, length, int(regular_ids_V.shape[0]))
+    draw_BxL = random_below(key_Bx2, Stream.REPLACEMENT_IDS, length, int(regular_ids_V.shape[0]))
     corrupted_BxL = tf.where(code_BxL == _RANDOMISED, tf.gather(regular_ids_V, draw_BxL), input_ids_BxL)
     corrupted_BxL = tf.where(code_BxL == _MASKED, mask_id, corrupted_BxL)
     return corrupted_BxL, tf.cast(code_BxL != _UNSELECTED, tf.float32)
@@ -390,7 +324,7 @@ def mask_batch(
 
     `features` holds `input_ids` (0 on padding), `word_ids` and, for the PMI family, the
     scheme's `units_<name>` (-1 on special tokens and padding), all [B, L]; `key_Bx2` are
-    the rows' keys (`example_keys`). Returns `inputs` (int32, corrupted), `targets` (int32,
+    the rows' keys (`randomness.example_keys`). Returns `inputs` (int32, corrupted), `targets` (int32,
     original), `weights` (float32, 1 on every selected token, 0 elsewhere) and `units`
     (int32, the scheme's unit index per token, -1 on special tokens and padding), [B, L].
     """

@@ -1,5 +1,5 @@
-"""seqio Tasks for the six masking schemes over a prepared corpus (DESIGN §5), and the
-training input pipeline built on them.
+"""seqio Tasks for the six masking schemes over a prepared corpus, and the training input pipeline
+built on them (docs/design.md, "Masking schemes" and "Determinism").
 
     names = register_corpus("wiki", data_dir)      # ["wiki_random_token", ..., "wiki_pmi"]
     task = seqio.get_mixture_or_task("wiki_pmi")
@@ -20,7 +20,7 @@ stopped.
 
 Determinism. An example is identified by (shard, position): the index of its file in the
 split's file list and its record index in that file, fixed when the corpus is prepared. Its
-mask is a function of (seed, shard, position, epoch) only (`masking.example_keys`), whatever
+mask is a function of (seed, shard, position, epoch) only (`randomness.example_keys`), whatever
 host reads it and wherever it lands in a batch. The order is a function of the seed too;
 epoch e of one host is:
   1. the host's files: every num_shards-th file from shard_index (with fewer files than
@@ -47,7 +47,7 @@ from typing import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from pmi_jax import masking, storage
+from pmi_jax import masking, randomness, storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
@@ -57,8 +57,6 @@ SHUFFLE_BUFFER_SIZE = 10_000  # records per shuffle window: ~50 MB of 512-token 
 MASK_BATCH = 128  # records parsed and masked per op call
 _INTERLEAVED_FILES = 16
 _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
-# Tags that keep the random streams of file order and window order apart from the masks.
-_FILE_ORDER, _WINDOW_ORDER = 1, 2
 _FOREVER = 2**62
 
 
@@ -189,8 +187,7 @@ class PreparedCorpusSource(seqio.DataSource):
         file_ids, record_shard = self._host_files(split, shard_info)
         ids = tf.constant(file_ids, tf.int64)
         if shuffle:
-            key = masking.example_keys(tf.constant(seed, tf.int64), tf.constant(_FILE_ORDER, tf.int64), epoch)
-            ids = tf.random.experimental.stateless_shuffle(ids, tf.cast(key, tf.int64))
+            ids = randomness.permute(ids, randomness.order_key(seed, randomness.Stream.FILE_ORDER, epoch))
         paths = tf.gather(tf.constant(files), ids)
 
         def read(shard, path):
@@ -209,7 +206,7 @@ class PreparedCorpusSource(seqio.DataSource):
         if record_shard is not None:
             records = records.shard(record_shard.num_shards, record_shard.index)
         if shuffle:
-            key = masking.example_keys(tf.constant(seed, tf.int64), tf.constant(_WINDOW_ORDER, tf.int64), epoch)
+            key = randomness.order_key(seed, randomness.Stream.WINDOW_ORDER, epoch)
             records = _window_shuffle(records, self.shuffle_buffer_size, key)
         return records
 
@@ -244,8 +241,7 @@ def _window_shuffle(records: tf.data.Dataset, window: int, key: tf.Tensor) -> tf
     """Shuffle inside consecutive windows of `window` elements, window w by (key, w)."""
 
     def permute(w, batch):
-        window_key = tf.cast(masking.example_keys(key[0], key[1], w), tf.int64)
-        perm = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(batch["record"])[0]), window_key)
+        perm = randomness.permute(tf.range(tf.shape(batch["record"])[0]), randomness.window_key(key, w))
         return {k: tf.gather(v, perm) for k, v in batch.items()}
 
     return records.batch(window).enumerate().map(permute).unbatch()
@@ -281,7 +277,7 @@ def mask_examples(
 
     def mask(batch):
         features = parse_records(batch["record"], unit_names, corpus.seq_len)
-        keys = masking.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])
+        keys = randomness.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])
         masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
                                     regular_ids_V=tf.constant(regular_ids, tf.int32))
         # word_ids ride along (the feature converter drops them) so that `data dump` can

@@ -56,7 +56,7 @@ class BatchSource(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class CorpusInfo:
-    """What the trainer needs to know about a prepared corpus (DESIGN.md §4)."""
+    """What the trainer needs to know about a prepared corpus (docs/design.md, "Prepared corpus")."""
 
     data_dir: str
     seq_len: int

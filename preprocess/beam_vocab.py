@@ -5,7 +5,8 @@
         --machine_type n2-highmem-16 --setup_file ./setup.py
 
 The same input and options give the same masking_vocab.txt and masking_vocab.tsv, byte for
-byte, as the local build (DESIGN §1-3), and the same stats.json but for elapsed_seconds. The
+byte, as the local build (docs/design.md, "Words and n-grams" to "Masking vocabulary"), and the
+same stats.json but for elapsed_seconds. The
 stages and the local code each one runs:
 
   words      preprocess.words, on batches of documents (preprocess.beam_pipeline)
@@ -126,7 +127,8 @@ def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict
     appearance; nothing in the output depends on the numbering). n-gram keys follow
     `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams * F + last word.
     """
-    from preprocess.ngram_counts import NgramCounts, lookup
+    from preprocess.ngram_counts import NgramCounts
+    from preprocess.sorted_keys import lookup
 
     levels: dict[int, list[tuple[Gram, int]]] = {n: [] for n in range(1, max_n + 1)}
     for n, gram_count in frequent:

@@ -1,4 +1,6 @@
-"""`pmi-jax vocab build` as a function: corpus files -> masking vocabulary directory (DESIGN §1-3).
+"""`pmi-jax vocab build` as a function: corpus files -> masking vocabulary directory.
+
+The contract: docs/design.md, "Words and n-grams", "Measures" and "Masking vocabulary".
 
     count (preprocess/ngram_counts.py) -> score per length (preprocess/measures.py)
     -> rank and take quotas (preprocess/masking_vocab.py) -> coverage -> write atomically
@@ -8,7 +10,6 @@ only: the same bytes whatever the number of workers and whether counts spilled t
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import math
@@ -76,14 +77,17 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     Returns the statistics written to stats.json. Bad options, missing or empty input and an
     existing `output` (without `overwrite`) raise UserInputError before anything is written.
     `memory_budget_bytes` and `chunk_positions` exist for tests (force spilling, many chunks).
+    Run it inside `preprocess.malloc_thresholds.large_array_malloc()` for full speed (the
+    command does).
     """
     from pmi_jax import storage
     from preprocess.documents import expand_inputs
-    from preprocess.ngram_counts import count_ngrams, covered_fraction, tokenise_corpus
+    from preprocess.coverage import covered_fraction
+    from preprocess.ngram_counts import count_ngrams
+    from preprocess.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()
-    _keep_freed_memory_for_reuse()
     storage.check_new_output(output, overwrite)
     files = expand_inputs(inputs)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
@@ -108,25 +112,6 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     except FileExistsError:  # created by someone else while we counted
         raise storage.existing_output_error(output)
     return stats
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
-
-
-def _keep_freed_memory_for_reuse() -> None:
-    """Ask glibc's malloc to serve numpy's multi-megabyte temporaries from its heap and to keep
-    freed memory there (mmap threshold 64 MiB, trim threshold 512 MiB, for this process).
-
-    By default every array above 128 KiB-32 MiB is a fresh mmap, and each of its 4 KiB pages
-    faults on first touch: the build makes thousands of such temporaries (per chunk of 2^20
-    positions, per level), and the faults took about 12% of its CPU time. Not glibc: no-op.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 512 << 20)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclasses.dataclass
@@ -176,7 +161,7 @@ def tsv_rows_text(table, words_CxN: np.ndarray, n: int, counts: np.ndarray, scor
     row adds more. Here the digits of all rows are computed at once (`_score_chars`), laid out in a character matrix, one row's
     "\t{n}\t{count}\t{score}" after another, and joined to the n-gram texts by `join_pieces_as_lines`.
     """
-    from preprocess.ngram_counts import join_pieces_as_lines
+    from preprocess.byte_pieces import join_pieces_as_lines
 
     buffer, starts, lengths = table.text_spans(words_CxN)
     count_chars, count_digits = _decimal_chars(np.asarray(counts, np.int64))

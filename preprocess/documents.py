@@ -1,4 +1,4 @@
-"""Input documents (DESIGN §1): text files with blank-line-separated documents, or JSON lines.
+"""Input documents (docs/design.md, "Words and n-grams"): text files with blank-line-separated documents, or JSON lines.
 
 Formats, chosen by file name (each optionally gzip-compressed, `.gz`):
   *.jsonl, *.json   one JSON object per line; the document is its "text" field.

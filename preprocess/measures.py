@@ -1,4 +1,4 @@
-"""Association measures of n-grams (DESIGN §2), vectorised over all candidates of one length.
+"""Association measures of n-grams (docs/design.md, "Measures"), vectorised over all candidates of one length.
 
 Every measure is a function of the counts of the spans of an n-gram w = w_1..w_n: `span_counts`
 maps each span (i, j), 0 <= i < j <= n, to an array of counts over the candidates, and

@@ -1,4 +1,4 @@
-"""Packing documents into `[CLS] … [SEP]` sequences of at most seq_len tokens (DESIGN §4).
+"""Packing documents into `[CLS] … [SEP]` sequences of at most seq_len tokens (docs/design.md, "Prepared corpus").
 
 Documents are laid back to back in one stream (RoBERTa's FULL-SENTENCES, no next-sentence task):
 each sequence holds C = seq_len - 2 content slots between its [CLS] and [SEP]. A document

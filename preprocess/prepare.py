@@ -1,4 +1,6 @@
-"""`pmi-jax corpus prepare` (DESIGN §4): documents -> WordPiece ids, masking units, packed shards.
+"""`pmi-jax corpus prepare`: documents -> WordPiece ids, masking units, packed shards.
+
+The contract: docs/design.md, "Prepared corpus".
 
 The work is cut into shards, each an independent, deterministic job over a fixed list of
 documents: tokenise, segment into units for every masking vocabulary, pack, write. A shard is

@@ -1,4 +1,4 @@
-"""Masking units (DESIGN §4): segment each document's words by a masking vocabulary of n-grams.
+"""Masking units (docs/design.md, "Prepared corpus"): segment each document's words by a masking vocabulary of n-grams.
 
 Definitions, for one document and one vocabulary (n-grams of 2 or more words):
 
@@ -42,7 +42,7 @@ def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijection on uint64 whose output bits all depend on all input bits.
 
     The project's one 64-bit mixer in numpy: span priorities here, count partitions in
-    preprocess.ngram_counts."""
+    preprocess.partitioned_counts."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))

@@ -23,7 +23,7 @@ import tensorflow_text as tf_text
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_vocab
+from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_bert_vocab
 from preprocess.words import split_words_ragged
 
 # Below this many occurrences a piece is not worth a vocabulary entry (tensorflow_text's default).
@@ -60,7 +60,7 @@ def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE) -> l
     else:
         tokens = learner.learn(counts, size, reserved, lower_thresh=MIN_PIECE_COUNT)
     tokens = list(tokens)[:size]
-    check_vocab(tokens, "(trained)")
+    check_bert_vocab(tokens, "(trained)")
     return tokens
 
 

@@ -1,4 +1,4 @@
-"""Word splitting (DESIGN §1): a word is what BERT's uncased basic tokenizer yields.
+"""Word splitting (docs/design.md, "Words and n-grams"): a word is what BERT's uncased basic tokenizer yields.
 
 We run tensorflow_text's own BasicTokenizer (the one inside BertTokenizer) rather than a
 re-implementation, so that the words counted for the masking vocabulary are exactly the words

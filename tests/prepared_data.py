@@ -1,4 +1,4 @@
-"""A small prepared corpus in the exact on-disk format of `pmi-jax corpus prepare` (DESIGN §4).
+"""A small prepared corpus in the exact on-disk format of `pmi-jax corpus prepare` (docs/design.md, "Prepared corpus").
 
 Tests of the masking tasks need thousands of sequences with realistic structure: words of
 one to three WordPiece tokens, documents packed back to back with a [SEP] between them,

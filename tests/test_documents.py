@@ -1,4 +1,4 @@
-"""Input reading (DESIGN §1): formats, compression, globs, gs://-style URLs, bad input."""
+"""Input reading (docs/design.md, "Words and n-grams"): formats, compression, globs, gs://-style URLs, bad input."""
 import gzip
 import json
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import glue, race, squad
 from pmi_jax.eval.heads import Encoded
-from pmi_jax.eval.wordpiece import WordPiece, check_vocabulary, pack, truncate_pair
+from pmi_jax.eval.wordpiece import WordPiece, check_matches_checkpoint, pack, truncate_pair
 from tests import eval_data
 
 MNLI_TRAIN_HEADER = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
@@ -162,10 +162,10 @@ def test_pairs_are_cut_longest_first_and_packed_as_bert(wordpiece):
 
 def test_vocabulary_mismatch_is_refused(tmp_path, wordpiece):
     with pytest.raises(UserInputError, match="is not the one checkpoint ck was trained on"):
-        check_vocabulary(wordpiece, {"vocab_sha256": "0" * 64}, wordpiece.vocab_size, "ck")
+        check_matches_checkpoint(wordpiece, {"vocab_sha256": "0" * 64}, wordpiece.vocab_size, "ck")
     size = eval_data.vocab_size()
     with pytest.raises(UserInputError, match=f"has {size} tokens but checkpoint ck has vocab_size 99"):
-        check_vocabulary(wordpiece, {"vocab_sha256": wordpiece.sha256}, 99, "ck")
+        check_matches_checkpoint(wordpiece, {"vocab_sha256": wordpiece.sha256}, 99, "ck")
     (tmp_path / "v.txt").write_text("the\ncat\n")
     with pytest.raises(UserInputError, match=r"missing special tokens \[PAD\]"):
         WordPiece(str(tmp_path / "v.txt"))

@@ -1,4 +1,4 @@
-"""Statistical and exact properties of the six masking schemes (DESIGN §5).
+"""Statistical and exact properties of the six masking schemes (docs/design.md, "Masking schemes").
 
 The masks come from the real seqio tasks over a prepared corpus of ~2,000 sequences of
 192 tokens (tests/prepared_data.py), in file order, and are checked against the prepared
@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from pmi_jax import masking, tasks
+from pmi_jax import masking, randomness, tasks
 from tests.prepared_data import CLS, MASK, PAD, SEP, UNK, read_prepared_split, write_prepared_corpus
 
 SCHEMES = masking.SCHEMES
 SPECIAL = {PAD, UNK, CLS, SEP, MASK}
-# Long enough for DESIGN §5's "under 2% short of the budget" to be testable for random_span,
-# whose units are largest: at 128 tokens (budget 19) it falls 2.1% short, 0.8% at 192, under
+# Long enough for the "under 2% short of the budget" (docs/design.md, "Masking schemes") to be
+# testable for random_span, whose units are largest: at 128 tokens (budget 19) it falls 2.1% short, 0.8% at 192, under
 # 0.5% at 512 (measured on the demo corpus: 0.0%).
 SEQ_LEN = 192
 
@@ -99,7 +99,7 @@ def test_budget_never_exceeded_and_nearly_met(masked, scheme):
         if tokens >= 7:  # below 7 tokens the one-token minimum is more than 15%
             assert selected <= 0.15 * tokens, f"{selected} of {tokens} tokens is above 15%"
         shares.append(selected / _budget(tokens))
-    # DESIGN §5: on average the selection falls short of the budget by under 2%.
+    # docs/design.md, "Masking schemes": on average the selection falls short of the budget by under 2%.
     assert np.mean(shares) >= 0.98, f"mean selected/budget {np.mean(shares):.4f}"
 
 
@@ -247,7 +247,7 @@ def test_a_mask_does_not_depend_on_its_batch(corpus_dir):
 
     def mask(rows):
         features = tasks.parse_records(tf.constant(batch["record"][rows]), corpus.unit_names, corpus.seq_len)
-        keys = masking.example_keys(*(tf.constant(batch[k][rows]) for k in ("seed", "shard", "position", "epoch")))
+        keys = randomness.example_keys(*(tf.constant(batch[k][rows]) for k in ("seed", "shard", "position", "epoch")))
         return {k: v.numpy() for k, v in
                 masking.mask_batch(features, "random_span", keys, mask_id=MASK, regular_ids_V=regular).items()}
 
@@ -289,18 +289,19 @@ def _random_units(rng, batch: int, length: int) -> np.ndarray:
 
 @pytest.mark.parametrize("window", [1, 3, None])  # None: the default, one more than the largest budget
 def test_select_units_is_the_greedy_scan_of_the_first_draws(window):
-    """The windowed draws equal a plain scan: draw slots one by one (the `_ORDER` stream),
+    """The windowed draws equal a plain scan: draw slots one by one (the `UNIT_ORDER` stream),
     skip those drawn before, take a unit if it fits what is left of the budget. The compiled
     masking (XLA) selects exactly the same tokens."""
     rng = np.random.default_rng(window or 0)
     batch, length = 48, 40
     unit_ids = _random_units(rng, batch, length)
     budgets = rng.integers(1, 15, size=batch).astype(np.int32)
-    keys = masking.example_keys(tf.constant(rng.integers(0, 2**40, size=batch)))
+    keys = randomness.hash_keys(tf.constant(rng.integers(0, 2**40, size=batch)))
     selected = masking.select_units(tf.constant(unit_ids), tf.constant(budgets), keys, window).numpy()
     for row, chosen, budget, key in zip(unit_ids, selected, budgets, keys):
         sizes = np.bincount(row[row >= 0], minlength=length)
-        draws = masking.random_below(key[None], masking._ORDER, 20 * length, int(row.max()) + 1).numpy()[0]
+        draws = randomness.random_below(key[None], randomness.Stream.UNIT_ORDER, 20 * length,
+                                        int(row.max()) + 1).numpy()[0]
         order = list(dict.fromkeys(draws.tolist()))  # first occurrences, in draw order
         assert set(order) == set(range(row.max() + 1)), "20 L draws reach every slot"
         taken = [u for u, take in zip(order, _greedy_scan(sizes[order], budget)) if take]
@@ -331,7 +332,7 @@ def test_random_order_is_uniform_over_units_whatever_their_size_or_slot():
     for row, row_slots, row_sizes in zip(unit_ids, slots, sizes):
         tokens = np.repeat(row_slots, row_sizes)
         row[1:1 + len(tokens)] = tokens
-    keys = masking.example_keys(tf.range(batch, dtype=tf.int64), tf.constant(11, tf.int64))
+    keys = randomness.hash_keys(tf.range(batch, dtype=tf.int64), tf.constant(11, tf.int64))
     selected = masking.select_units(tf.constant(unit_ids), tf.fill([batch], 5), keys).numpy()
     first = []
     for row, chosen, row_slots in zip(unit_ids, selected, slots):
@@ -361,9 +362,11 @@ def test_random_order_is_uniform_over_units_whatever_their_size_or_slot():
 @pytest.mark.parametrize("n", [1, 7, 293, 30522, 65535, 65536, 119547, "per row"])
 def test_random_below_is_the_exact_high_word_of_bits_times_n(n):
     """floor(bits * n / 2^32) for the stream's 32-bit draws, as a 64-bit product gives it."""
-    keys = masking.example_keys(tf.range(64, dtype=tf.int64))
+    keys = randomness.hash_keys(tf.range(64, dtype=tf.int64))
     bound = np.arange(1, 65) * 1000 if n == "per row" else n
-    drawn = masking.random_below(keys, masking._REPLACEMENT, 300, tf.constant(bound) if n == "per row" else n)
-    bits = masking.random_bits(keys, masking._REPLACEMENT, 300).numpy().astype(np.uint64)
+    drawn = randomness.random_below(keys, randomness.Stream.REPLACEMENT_IDS, 300,
+                                    tf.constant(bound) if n == "per row" else n)
+    bits = randomness.random_bits(keys, randomness.Stream.REPLACEMENT_IDS, 300)
+    bits = bits.numpy().astype(np.uint64)
     expected = (bits * np.asarray(bound, np.uint64).reshape(-1, 1)) >> np.uint64(32)
     np.testing.assert_array_equal(drawn.numpy(), expected)

@@ -1,4 +1,5 @@
-"""Masking vocabulary assembly (DESIGN §3): against a plain-Python build, and the paper's argument."""
+"""Masking vocabulary assembly (docs/design.md, "Masking vocabulary"): against a plain-Python build, and the
+paper's argument."""
 import collections
 import itertools
 import json
@@ -86,7 +87,8 @@ def test_check_reports_each_kind_of_problem():
 
 
 # ---------------------------------------------------------------------------------------------
-# A whole build against a plain-Python implementation of DESIGN §1-3
+# A whole build against a plain-Python implementation of docs/design.md, "Words and n-grams" to
+# "Masking vocabulary"
 
 
 def compositions(n):

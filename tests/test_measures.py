@@ -1,4 +1,4 @@
-"""The measures of DESIGN §2, checked against their definitions by brute force."""
+"""The measures of docs/design.md, "Measures", checked against their definitions by brute force."""
 import itertools
 import math
 

@@ -1,11 +1,11 @@
-"""Exact n-gram counting (preprocess/ngram_counts.py) against a plain Counter over the same words."""
+"""Exact n-gram counting (the word stream, level counts, coverage) against a plain Counter over the same words."""
 import collections
 import itertools
 
 import numpy as np
 import pytest
 
-from preprocess import ngram_counts
+from preprocess import byte_pieces, coverage, ngram_counts, sorted_keys, word_keys, word_stream
 from preprocess.documents import iter_documents
 from preprocess.words import split_words
 
@@ -47,7 +47,7 @@ def as_dict(table, n):
 
 
 def count(files, work_dir, workers=1, budget=1 << 30, chunk=37, min_count=MIN_COUNT):
-    stream = ngram_counts.tokenise_corpus(files, str(work_dir), MAX_N, workers, batch_chars=500)
+    stream = word_stream.tokenise_corpus(files, str(work_dir), MAX_N, workers, batch_chars=500)
     table = ngram_counts.count_ngrams(stream, MAX_N, min_count, str(work_dir), workers, budget, chunk)
     return stream, table
 
@@ -155,7 +155,7 @@ def test_covered_fraction_matches_brute_force(corpus, tmp_path, ids_on_disk):
         covered += inside.sum()
         total += len(words)
     for chunk in (2, 7, 1 << 20):
-        got = ngram_counts.covered_fraction(stream, table, selected, workers=2, chunk_positions=chunk)
+        got = coverage.covered_fraction(stream, table, selected, workers=2, chunk_positions=chunk)
         assert got == covered / total
     assert 0 < covered < total
 
@@ -166,8 +166,8 @@ def test_lookup_finds_present_keys_and_rejects_absent_ones():
     queries = rng.integers(-5, 1005, 2000)
     position = {k: i for i, k in enumerate(keys.tolist())}
     expected = [position.get(q, -1) for q in queries.tolist()]
-    np.testing.assert_array_equal(ngram_counts.lookup(keys, queries), expected)
-    assert ngram_counts.lookup(keys[:0], queries).tolist() == [-1] * len(queries)
+    np.testing.assert_array_equal(sorted_keys.lookup(keys, queries), expected)
+    assert sorted_keys.lookup(keys[:0], queries).tolist() == [-1] * len(queries)
 
 
 def test_lookup_of_large_keys_in_several_sorted_blocks():
@@ -177,7 +177,7 @@ def test_lookup_of_large_keys_in_several_sorted_blocks():
                        rng.integers(0, 2**47, 300_000))  # 47-bit keys leave 16 bits: blocks of 65536 queries
     expected = np.searchsorted(keys, queries)
     expected = np.where(keys[np.minimum(expected, len(keys) - 1)] == queries, expected, -1)
-    np.testing.assert_array_equal(ngram_counts.lookup(keys, queries), expected)
+    np.testing.assert_array_equal(sorted_keys.lookup(keys, queries), expected)
 
 
 def _stream_contents(stream):
@@ -198,10 +198,10 @@ def long_word_corpus(tmp_path):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_word_keys_give_the_same_stream_as_words_as_strings(long_word_corpus, tmp_path, workers):
-    by_keys = ngram_counts.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, workers, batch_chars=700)
+    by_keys = word_stream.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, workers, batch_chars=700)
     keyed = _stream_contents(by_keys)
     (tmp_path / "strings").mkdir()
-    by_strings = ngram_counts._tokenise_corpus_by_strings(long_word_corpus, str(tmp_path / "strings"), MAX_N, workers,
+    by_strings = word_stream._tokenise_corpus_by_strings(long_word_corpus, str(tmp_path / "strings"), MAX_N, workers,
                                                           False, 700)
     assert keyed == _stream_contents(by_strings)
 
@@ -210,7 +210,7 @@ def test_word_keys_of_short_words_are_their_bytes():
     from preprocess.words import split_words_spans
 
     spans = split_words_spans(["a ab abc abcdefg abcdefgh b a abc"])
-    keys = ngram_counts.word_keys(spans.buffer, spans.starts, spans.lengths)
+    keys = word_keys.word_keys(spans.buffer, spans.starts, spans.lengths)
     assert keys[0] == keys[6] and keys[2] == keys[7] and len(set(keys[:6].tolist())) == 6
     assert keys[1] == int.from_bytes(b"ab", "little") | 2 << 56
 
@@ -218,26 +218,26 @@ def test_word_keys_of_short_words_are_their_bytes():
 @pytest.mark.parametrize("batch_chars", [700, 1_000_000])  # a collision inside one batch, and across batches
 def test_a_key_collision_falls_back_to_exact_strings(long_word_corpus, tmp_path, monkeypatch, caplog, batch_chars):
     (tmp_path / "strings").mkdir()
-    expected = _stream_contents(ngram_counts._tokenise_corpus_by_strings(
+    expected = _stream_contents(word_stream._tokenise_corpus_by_strings(
         long_word_corpus, str(tmp_path / "strings"), MAX_N, 1, False, batch_chars))
     # Every long word of the same length gets the same key.
-    monkeypatch.setattr(ngram_counts, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
-    stream = ngram_counts.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, 1, batch_chars=batch_chars)
+    monkeypatch.setattr(word_keys, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
+    stream = word_stream.tokenise_corpus(long_word_corpus, str(tmp_path), MAX_N, 1, batch_chars=batch_chars)
     assert _stream_contents(stream) == expected
     assert "hash alike" in caplog.text
 
 
 def test_join_pieces():
     buffer = np.frombuffer("ab cé".encode(), np.uint8)
-    assert ngram_counts.join_pieces(buffer, np.array([[0, 2, 3], [3, 1, 0]]), np.array([[2, 1, 3], [3, 1, 0]])) == \
+    assert byte_pieces.join_pieces(buffer, np.array([[0, 2, 3], [3, 1, 0]]), np.array([[2, 1, 3], [3, 1, 0]])) == \
         ["ab cé", "cé" + "b"]
-    assert ngram_counts.join_pieces(buffer, np.zeros([0, 2], np.int64), np.zeros([0, 2], np.int64)) == []
+    assert byte_pieces.join_pieces(buffer, np.zeros([0, 2], np.int64), np.zeros([0, 2], np.int64)) == []
 
 
 def test_a_key_collision_across_batches_falls_back_to_exact_strings(tmp_path, monkeypatch, caplog):
     (tmp_path / "text.txt").write_text("internationalisation a\n\nb internationalization")
-    monkeypatch.setattr(ngram_counts, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
-    stream = ngram_counts.tokenise_corpus([str(tmp_path / "text.txt")], str(tmp_path), MAX_N, 1, batch_chars=10)
+    monkeypatch.setattr(word_keys, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
+    stream = word_stream.tokenise_corpus([str(tmp_path / "text.txt")], str(tmp_path), MAX_N, 1, batch_chars=10)
     assert stream.words == [b"", b"internationalisation", b"a", b"b", b"internationalization"]
     assert stream.ids().tolist() == [1, 2, 0, 3, 4, 0]
     assert "hash alike" in caplog.text

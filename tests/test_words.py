@@ -1,4 +1,5 @@
-"""Word splitting (DESIGN §1) against an independent reference: Google BERT's BasicTokenizer logic.
+"""Word splitting (docs/design.md, "Words and n-grams") against an independent reference: Google BERT's
+BasicTokenizer logic.
 
 The project splits words with tensorflow_text's BasicTokenizer so that vocabulary words are the
 words WordPiece sees later. `reference_words` below re-states the original Python tokenizer of

@@ -2,13 +2,15 @@
 
 Each stage lives in its own module that exposes `add_parser(subparsers)`; heavy imports
 (TensorFlow, JAX) happen inside the command functions so that `--help` answers at once.
+Run as the `pmi-jax` program (`main()` without arguments), the command also owns the process's
+stderr: it shows the command's own output and real warnings, and hides the libraries' start-up
+lines unless `--verbose` is given (pmi_jax/cli/quiet.py). Called as `main([...])` from Python, it
+leaves logging and stderr as the caller set them.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
-import os
 import sys
 
 from pmi_jax.errors import UserInputError
@@ -32,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="PMI-Masking for BERT pretraining: build a masking vocabulary, prepare a corpus, "
         "train, evaluate. Every path accepts local files and gs:// URLs.",
     )
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show what TensorFlow, JAX and Orbax log (start-up lines, INFO messages); "
+                        "give it before COMMAND")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in _STAGES.values():
         try:
@@ -45,10 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides our output
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    """Run one command; its exit status. `argv` None: the process's own command line (see above)."""
+    stderr_filter = None
+    if argv is None:  # before parsing: --help may import the library to show its defaults
+        from pmi_jax.cli import quiet
+
+        verbose = quiet.verbose_requested(sys.argv[1:])
+        quiet.configure_logging(verbose)
+        stderr_filter = None if verbose else quiet.filter_stderr()
+    try:
+        return _run(build_parser().parse_args(argv))
+    finally:
+        if stderr_filter is not None:
+            stderr_filter.close()
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status = args.func(args)
     except UserInputError as e:

@@ -1,19 +1,21 @@
-"""`pmi-jax corpus prepare | show`: the prepared corpus of DESIGN §4 (WordPiece ids, masking units)."""
+"""`pmi-jax corpus prepare | show`: WordPiece ids and masking units (docs/design.md, "Prepared corpus")."""
 from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess import beam_options
 
-_DEFAULT_SEQ_LEN = 512
-_DEFAULT_WORDPIECE_SIZE = 30_522
+
+def _config(field: str) -> LibraryDefault:
+    return LibraryDefault("preprocess.prepare", "PrepareConfig", field)
 
 
 def add_parser(subparsers) -> None:
     corpus = subparsers.add_parser(
         "corpus", help="tokenise, segment into masking units and pack a corpus into TFRecord shards",
         description="Turn raw documents into the training input: WordPiece ids, whole-word and masking-unit "
-        "indices per token, packed into [CLS] ... [SEP] sequences (DESIGN.md §4).")
+        "indices per token, packed into [CLS] ... [SEP] sequences.")
     commands = corpus.add_subparsers(dest="corpus_command", required=True, metavar="COMMAND")
     _add_prepare(commands)
     _add_show(commands)
@@ -34,16 +36,16 @@ def _add_prepare(commands) -> None:
     wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
                     "without it an uncased vocabulary is trained on the corpus")
-    wp.add_argument("--wordpiece-size", type=int, default=_DEFAULT_WORDPIECE_SIZE, metavar="N",
+    wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
     p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
                    "frequency=...)")
-    p.add_argument("--seq-len", type=int, default=_DEFAULT_SEQ_LEN,
+    p.add_argument("--seq-len", type=int, default=_config("seq_len"),
                    help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8)")
-    p.add_argument("--validation-fraction", type=float, default=0.01, metavar="F",
+    p.add_argument("--validation-fraction", type=float, default=_config("validation_fraction"), metavar="F",
                    help="fraction of documents held out as the validation split, chosen at random with --seed "
                    "(default %(default)s; 0 for none)")
     p.add_argument("--shards", type=int, default=0, metavar="N",
@@ -90,8 +92,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
-        wordpiece_size=args.wordpiece_size, units=_parse_units(args.units), seq_len=args.seq_len,
-        validation_fraction=args.validation_fraction, shards=args.shards, seed=args.seed,
+        wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
+        validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
         workers=args.workers, overwrite=args.overwrite)
     if args.runner:
         from preprocess import beam_prepare

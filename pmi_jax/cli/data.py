@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.config import SCHEMES
+from pmi_jax.config import SCHEMES, UNIT_SCHEMES
 
 
 def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) -> None:
     p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`)")
-    p.add_argument("--scheme", required=True, choices=SCHEMES, help="masking scheme; the PMI family "
-                   "(frequency, naive_pmi, pmi) needs a corpus prepared with that masking vocabulary")
+    p.add_argument("--scheme", required=True, choices=SCHEMES, help=f"masking scheme; the PMI family "
+                   f"({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
     p.add_argument("--seed", type=int, default=0, help="run seed: masks (and the order, with --shuffle) are a "
                    "function of it, the example and the epoch (default: 0)")

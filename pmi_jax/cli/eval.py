@@ -278,7 +278,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import finetune
-    from pmi_jax.eval.wordpiece import WordPiece, check_vocabulary
+    from pmi_jax.eval.wordpiece import WordPiece, check_matches_checkpoint
 
     task = finetune.get_task(args.task)
     settings = _finetune_config(args)
@@ -313,7 +313,7 @@ def run_finetune(args: argparse.Namespace) -> int:
                 encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
                 logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
                              len(encoded[split].arrays["input_ids"]))
-        check_vocabulary(wordpiece, metadata, config.vocab_size, path)
+        check_matches_checkpoint(wordpiece, metadata, config.vocab_size, path)
 
         result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
                                               dataclasses.replace(settings, max_seq_len=max_seq_len),

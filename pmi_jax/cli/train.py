@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from pmi_jax.config import SCHEMES, UNIT_SCHEMES
 from pmi_jax.errors import UserInputError
 
 SYNTHETIC = "synthetic"
@@ -31,8 +32,8 @@ def add_parser(subparsers) -> None:
                              f"TFRecords; '{SYNTHETIC}' trains on a built-in topic-model toy corpus (needs "
                              "model.vocab_size and data.seq_len set). Default: the config's data.data_dir")
     parser.add_argument("--scheme", default=None,
-                        help="masking scheme: random_token, whole_word, random_span, frequency, naive_pmi or pmi "
-                             "(the last three need that masking vocabulary in the corpus). Default: the config's")
+                        help=f"masking scheme: {', '.join(SCHEMES)} ({', '.join(UNIT_SCHEMES)} need that "
+                             "masking vocabulary in the corpus). Default: the config's")
     parser.add_argument("--workdir", required=True,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
                              "checkpoint of the same model is resumed")

@@ -1,11 +1,18 @@
-"""`pmi-jax vocab build|show|check`: make, inspect and validate masking vocabularies (DESIGN §3)."""
+"""`pmi-jax vocab build|show|check`: make, inspect, validate masking vocabularies.
+
+The contract: docs/design.md, "Measures" and "Masking vocabulary".
+"""
 from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess import beam_options
+from preprocess.measures import MEASURES
 
-_MEASURES = ("pmi", "pmi-p2", "naive-pmi", "frequency")  # preprocess.measures.MEASURES, without importing numpy
+
+def _option(field: str) -> LibraryDefault:
+    return LibraryDefault("preprocess.build_vocab", "VocabOptions", field)
 
 
 def add_parser(subparsers) -> None:
@@ -30,21 +37,24 @@ def _add_build(commands) -> None:
                    help="text files (blank lines between documents; .jsonl with a 'text' field; optionally .gz): "
                    "paths, globs or directories, local or gs://")
     p.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
-    p.add_argument("--measure", choices=_MEASURES, default="pmi",
-                   help="pmi: the paper's PMI_n, log p(w) minus the best segmentation into shorter spans (default); "
+    p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
+                   help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
+                   "shorter spans; "
                    "pmi-p2: 2·log p(w) minus that, as in AI21's published lists; naive-pmi: log p(w) minus the "
                    "word log-probabilities; frequency: the count")
-    p.add_argument("--size", type=int, default=800_000, help="number of n-grams to select (default 800000)")
-    p.add_argument("--min-count", type=int, default=11,
-                   help="candidates occur at least this many times (default 11, the paper's 'more than 10')")
-    p.add_argument("--max-n", type=int, default=5, help="longest n-gram, 2 to 5 (default 5)")
+    p.add_argument("--size", type=int, default=_option("size"),
+                   help="number of n-grams to select (default %(default)s)")
+    p.add_argument("--min-count", type=int, default=_option("min_count"),
+                   help="candidates occur at least this many times (default %(default)s, the paper's 'more than 10')")
+    p.add_argument("--max-n", type=int, default=_option("max_n"), help="longest n-gram, 2 to 5 (default %(default)s)")
     p.add_argument("--shares", type=_floats, default=None, metavar="S2,S3,...",
                    help="comma-separated fraction of --size for each length 2..max-n, summing to 1 "
                    "(default 0.5,0.25,0.125,0.125 for max-n 5: each length half of the rest, the longest "
                    "the remainder); a length with too few candidates keeps them all and leaves its quota unused")
-    p.add_argument("--workers", type=int, default=0, help="threads for reading and counting (default: every core)")
-    p.add_argument("--memory-mb", type=int, default=2048,
-                   help="n-gram counts held in memory before they spill to disk partitions (default 2048)")
+    p.add_argument("--workers", type=int, default=_option("workers"),
+                   help="threads for reading and counting (default: every core)")
+    p.add_argument("--memory-mb", type=int, default=_option("memory_mb"),
+                   help="n-gram counts held in memory before they spill to disk partitions (default %(default)s)")
     p.add_argument("--tmp-dir", default=None,
                    help="local directory for the word-id stream and spilled counts (default: $TMPDIR); "
                    "needs about 16 bytes per corpus word, plus the counts that spill")
@@ -83,16 +93,20 @@ def _floats(text: str) -> tuple[float, ...]:
 def run_build(args: argparse.Namespace) -> int:
     from preprocess.build_vocab import VocabOptions, build_vocabulary
 
-    options = VocabOptions(measure=args.measure, size=args.size, min_count=args.min_count, max_n=args.max_n,
-                           shares=args.shares, workers=args.workers, memory_mb=args.memory_mb, tmp_dir=args.tmp_dir)
+    options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
+                           min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
+                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir)
     if args.runner:
         from preprocess import beam_vocab
 
         stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
                                             pipeline_options=beam_options.pipeline_options(args))
     else:
-        stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
-                                 progress=not args.no_progress)
+        from preprocess.malloc_thresholds import large_array_malloc
+
+        with large_array_malloc():
+            stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                     progress=not args.no_progress)
     per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
     print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
           f"{stats['documents']} documents, coverage {stats['coverage']:.1%}, {stats['elapsed_seconds']:.1f} s")

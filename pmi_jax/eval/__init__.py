@@ -1,4 +1,4 @@
-"""Evaluation of pretrained checkpoints (DESIGN §7).
+"""Evaluation of pretrained checkpoints (docs/design.md, "Evaluation").
 
     perplexity   single-token perplexity: one held-out token masked at a time
     wordpiece    the pretraining WordPiece vocabulary and BERT's input packing

@@ -21,11 +21,12 @@ STS-B scores as numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import logging
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +35,17 @@ from pmi_jax.eval import heads, metrics
 from pmi_jax.eval.wordpiece import WordPiece, pack
 from pmi_jax.storage import gfile, join
 
-csv.field_size_limit(1 << 24)
+_FIELD_SIZE_LIMIT = 1 << 24  # characters; csv's default of 131,072 is too small for some GLUE fields
+
+
+@contextlib.contextmanager
+def csv_field_size_limit(limit: int) -> Iterator[None]:
+    """csv's field size limit is one value for the whole process: raise it for this block only."""
+    previous = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +140,8 @@ class GlueTask:
             raise UserInputError(f"GLUE {self.folder}: missing {path}")
         with gfile.GFile(path, "rb") as f:
             text = f.read().decode("utf-8-sig")
-        rows = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+        with csv_field_size_limit(_FIELD_SIZE_LIMIT):
+            rows = iter(list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)))
         columns = list(self.text_columns) + [self.label_column]
         if self.has_header:
             header = next(rows, [])

@@ -62,8 +62,8 @@ class WordPiece:
         return flat[0], flat[1], flat[2], np.cumsum(np.concatenate(lengths))
 
 
-def check_vocabulary(wordpiece: WordPiece, metadata: dict, vocab_size: int, checkpoint: str) -> None:
-    """The checkpoint must have been trained on this very vocabulary."""
+def check_matches_checkpoint(wordpiece: WordPiece, metadata: dict, vocab_size: int, checkpoint: str) -> None:
+    """This vocabulary is the one the checkpoint was trained on: same SHA-256, same size."""
     expected = metadata.get("vocab_sha256")
     if expected and expected != wordpiece.sha256:
         raise UserInputError(

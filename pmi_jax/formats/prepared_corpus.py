@@ -1,4 +1,4 @@
-"""The prepared corpus on disk (DESIGN §4): file names, feature names, metadata, record codec.
+"""The prepared corpus on disk (docs/design.md, "Prepared corpus"): file names, feature names, metadata, record codec.
 
 A data directory holds
   vocab.txt                                  the WordPiece vocabulary, id = line number

@@ -52,13 +52,14 @@ def read_vocab(path: str) -> list[str]:
 
 
 def load_vocab(path: str) -> list[str]:
-    """Read a BERT vocab.txt and check it has what BERT needs (`check_vocab`)."""
+    """Read a BERT vocab.txt and check it has what BERT needs (`check_bert_vocab`)."""
     tokens = read_vocab(path)
-    check_vocab(tokens, path)
+    check_bert_vocab(tokens, path)
     return tokens
 
 
-def check_vocab(tokens: Sequence[str], path: str) -> None:
+def check_bert_vocab(tokens: Sequence[str], path: str) -> None:
+    """A vocab.txt BERT can use: [PAD] at id 0, every special token, no duplicate, no blank line."""
     if not tokens or tokens[0] != "[PAD]":
         raise UserInputError(f"--wordpiece {path}: the first line must be [PAD] (id 0), "
                              f"found {tokens[0] if tokens else 'an empty file'!r}")

@@ -1,0 +1,162 @@
+"""What a command prints on stderr: its own messages and real warnings, not its libraries' start-up.
+
+TensorFlow, JAX and Orbax announce themselves on every start: TensorFlow's and XLA's C++ code
+logs that no CUDA driver was found (`cudart_stub.cc`, `failed call to cuInit ... (303)`, the
+latter as an error), JAX logs that it cannot start a TPU backend, Orbax warns when a handler is
+registered. None of it tells the user anything, and it buries the command's output.
+`pmi-jax --verbose` shows all of it.
+
+Two sources, two filters:
+  - Python logging (`configure_logging`): records of this project (`pmi_jax`, `preprocess`, the
+    root logger our modules use) from INFO up; every other library's from WARNING up, minus
+    the known start-up messages.
+  - C++ logging written straight to file descriptor 2, which no Python setting reaches and
+    which TensorFlow's C++ code prints before `TF_CPP_MIN_LOG_LEVEL` can apply
+    (`filter_stderr`): fd 2 becomes a pipe into a small forked process that drops INFO lines of
+    the C++ log format and the known start-up warnings, and passes everything else on at once.
+    A process of its own rather than a thread, so that a fatal error's last words still reach
+    the terminal when the command's process aborts.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import signal
+import sys
+import time
+
+# A line of absl / glog C++ logging: severity letter, MMDD, time, thread id, file:line].
+_CXX_LOG_LINE = re.compile(rb"^[IWEF]\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
+_CXX_INFO_LINE = re.compile(rb"^I\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
+# Start-up lines that say nothing to a user, whatever their severity.
+_NOISE = re.compile(rb"|".join([
+    rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
+    rb"failed call to cuInit",
+    rb"Could not find cuda drivers",
+    rb"Unable to register cu(DNN|FFT|BLAS) factory",
+    rb"computation placer already registered",
+    rb"TF-TRT Warning: Could not find TensorRT",
+    rb"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
+    rb"cpu_feature_guard\.cc",
+]))
+# The longest a held-back partial line may be before it is passed on anyway.
+_MAX_HELD = 1 << 16
+# Python loggers whose INFO records are the command's own messages.
+_OWN_LOGGERS = ("root", "pmi_jax", "preprocess", "__main__")
+_NOISY_MESSAGES = re.compile(r"Unable to initialize backend|Type handler registry .*overriding|"
+                             r"An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib")
+
+
+def is_noise(line: bytes) -> bool:
+    """Whether a line written to stderr is library start-up chatter (without its newline)."""
+    return bool(_CXX_INFO_LINE.match(line) or _NOISE.search(line))
+
+
+class _QuietFilter(logging.Filter):
+    """Passes the project's records from INFO up and other libraries' real warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name in _OWN_LOGGERS or record.name.split(".")[0] in _OWN_LOGGERS
+        if not own and record.levelno < logging.WARNING:
+            return False
+        return own or not _NOISY_MESSAGES.search(record.getMessage())
+
+
+def verbose_requested(argv: list[str]) -> bool:
+    """Whether `--verbose` is among the options before the command (read before the parser is built)."""
+    return "--verbose" in itertools.takewhile(lambda arg: arg.startswith("-"), argv)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log to stderr as `HH:MM:SS LEVEL message`; without `verbose`, only what `_QuietFilter` passes."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    if not verbose:
+        handler.addFilter(_QuietFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # what TensorFlow's C++ logging does honour
+
+
+def _filter_loop(read_fd: int, write_fd: int) -> None:
+    """Copy read_fd to write_fd line by line, dropping noise; runs in the forked filter process."""
+    held = b""
+    while True:
+        try:
+            chunk = os.read(read_fd, 1 << 16)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        held += chunk
+        *lines, held = held.split(b"\n")
+        out = b"".join(line + b"\n" for line in lines if not is_noise(line))
+        # A partial line goes on at once (progress bars redraw with \r and no newline) unless it
+        # may be the start of a C++ log line or of the absl banner, which are judged whole.
+        if held and (len(held) > _MAX_HELD or not (held[:1] in b"IWEF" or held.startswith(b"WARNING"))):
+            out, held = out + held, b""
+        if out:
+            _write_all(write_fd, out)
+    if held and not is_noise(held):
+        _write_all(write_fd, held)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:  # the terminal went away: nothing left to show it to
+            return
+
+
+class StderrFilter:
+    """fd 2 through `_filter_loop` in a forked process until `close()`."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
+            # Ctrl-C and SIGTERM reach the whole process group; the command may handle them (a
+            # checkpoint on SIGTERM) and still have things to say. The filter ends at EOF, when
+            # the command and its children have closed the pipe.
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
+            os.close(write_fd)
+            try:
+                _filter_loop(read_fd, 2)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+        self.saved_fd = os.dup(2)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Give fd 2 back and wait (a little) for the filter to pass on what it holds, so that the
+        command's last lines come before the shell's prompt."""
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self.saved_fd, 2)  # our end of the pipe closes; child processes may still hold one
+        os.close(self.saved_fd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitpid(self.pid, os.WNOHANG)[0]:
+                return
+            time.sleep(0.01)
+
+
+def filter_stderr() -> StderrFilter | None:
+    """Start filtering fd 2; None where the platform cannot fork."""
+    if not hasattr(os, "fork"):
+        return None
+    return StderrFilter()

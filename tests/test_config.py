@@ -1,0 +1,75 @@
+"""pmi_jax/config.py: `--set` overrides parsed by the field's type, and the errors a typo gets."""
+import dataclasses
+import json
+
+import pytest
+
+from pmi_jax.config import (SCHEMES, UNIT_SCHEMES, ExperimentConfig, MeshConfig, ModelConfig, apply_overrides,
+                            model_config_from_dict, to_dict)
+from pmi_jax.errors import UserInputError
+
+
+def _config() -> ExperimentConfig:
+    return ExperimentConfig(model=ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+                                              intermediate_size=128, max_position_embeddings=64))
+
+
+def test_overrides_parse_each_value_by_its_field_type():
+    config = apply_overrides(_config(), [
+        "model.num_layers=4", "optimizer.peak_learning_rate=2e-4", "optimizer.warmup_steps=1e3",
+        "model.dtype=bfloat16", "data.scheme=random_span", "train.batch_size = 32",
+        "mesh.rules=[['batch', ['data', 'fsdp']], ['vocab', None]]", "optimizer.b1=1"])
+    assert config.model.num_layers == 4
+    assert config.optimizer.peak_learning_rate == 2e-4
+    assert config.optimizer.warmup_steps == 1000 and isinstance(config.optimizer.warmup_steps, int)
+    assert config.model.dtype == "bfloat16"
+    assert config.data.scheme == "random_span"
+    assert config.train.batch_size == 32
+    assert config.mesh.rules == (("batch", ("data", "fsdp")), ("vocab", None))  # lists become tuples
+    assert config.optimizer.b1 == 1.0 and isinstance(config.optimizer.b1, float)
+    # Nothing else changed, and the original is untouched (frozen dataclasses, replaced).
+    assert config.model.hidden_size == 64 and _config().model.num_layers == 2
+
+
+def test_later_overrides_win():
+    assert apply_overrides(_config(), ["train.seed=1", "train.seed=7"]).train.seed == 7
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.num_layer=4", r"ModelConfig has no field 'num_layer' \(fields: vocab_size, "),
+    ("modle.num_layers=4", "ExperimentConfig has no field 'modle'"),
+    ("model=4", "'model' is a section; name one of its fields"),
+    ("model.num_layers.x=4", "'num_layers' is not a section"),
+    ("model.num_layers", "expected FIELD=VALUE"),
+    ("=4", "expected FIELD=VALUE"),
+    ("model.num_layers=four", "cannot parse 'four' as int"),
+    ("model.num_layers=2.5", "'2.5' is not a valid int"),
+    ("model.num_layers=True", "'True' is not a valid int"),  # a bool is not an int here
+    ("optimizer.peak_learning_rate=[1]", r"'\[1\]' is not a valid float"),
+])
+def test_bad_overrides_name_the_override(override, message):
+    with pytest.raises(UserInputError, match=message) as error:
+        apply_overrides(_config(), [override])
+    assert repr(override) in str(error.value)
+
+
+def test_model_config_checks_itself():
+    with pytest.raises(UserInputError, match="not divisible by model.num_heads=3"):
+        apply_overrides(_config(), ["model.num_heads=3"])
+    with pytest.raises(UserInputError, match="expected 'float32' or 'bfloat16'"):
+        apply_overrides(_config(), ["model.dtype=float16"])
+
+
+def test_config_round_trips_through_json():
+    config = apply_overrides(_config(), ["model.num_layers=3", "mesh.model=2"])
+    as_json = json.loads(json.dumps(to_dict(config)))
+    assert model_config_from_dict(as_json["model"]) == config.model
+    # Unknown keys (from a newer version's checkpoint) are ignored rather than fatal.
+    assert model_config_from_dict({**as_json["model"], "future_field": 1}) == config.model
+    assert MeshConfig(**{k: (tuple(tuple(r) if isinstance(r, list) else r for r in v) if k == "rules" else v)
+                         for k, v in as_json["mesh"].items()}).model == 2
+
+
+def test_scheme_names_are_defined_once_and_consistently():
+    assert set(UNIT_SCHEMES) <= set(SCHEMES) and len(set(SCHEMES)) == len(SCHEMES)
+    assert dataclasses.fields(ExperimentConfig)[1].default.scheme in SCHEMES

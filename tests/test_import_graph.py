@@ -1,0 +1,111 @@
+"""The project's imports run one way (docs/design.md, "Layers"):
+
+    pmi_jax/cli/*                  the commands: may import anything
+    pmi_jax/* (the library)        may import pmi_jax, never preprocess/
+    preprocess/*                   may import the bottom layer of pmi_jax only
+    pmi_jax/errors, storage, formats/*   the bottom layer: imports nothing else of the project
+
+Read from the source with `ast` (nothing is imported), including imports inside functions, so
+a lazy import cannot hide an edge. A failure names every offending edge as file:line.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("pmi_jax", "preprocess")
+BOTTOM = ("pmi_jax.errors", "pmi_jax.storage", "pmi_jax.formats")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _resolve(module: str, node: ast.ImportFrom, path: pathlib.Path) -> str:
+    """The absolute module an `from ... import` reads from."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def project_imports(module: str) -> list[tuple[int, str]]:
+    """(line, imported project module) for every import statement of `module`.
+
+    `from a import b` counts as importing a.b where that is a module, else as importing a.
+    """
+    path = MODULES[module]
+    edges = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node, path)
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source for a in node.names]
+        else:
+            continue
+        edges.extend((node.lineno, t) for t in targets if any(_within(t, p) for p in PACKAGES))
+    return edges
+
+
+def _shown(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def _violations(modules, allowed) -> list[str]:
+    return [f"{_shown(MODULES[m])}:{line} imports {target}"
+            for m in modules for line, target in project_imports(m) if not allowed(m, target)]
+
+
+def test_the_graph_is_read():
+    """The parser sees known edges, so an empty violation list means something."""
+    assert "pmi_jax.storage" in {t for _, t in project_imports("pmi_jax.formats.prepared_corpus")}
+    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.build_vocab")}
+    assert any(_within(t, "preprocess") for m in MODULES if _within(m, "pmi_jax.cli") for _, t in project_imports(m))
+    assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
+
+
+def test_no_library_module_of_pmi_jax_imports_preprocess():
+    library = [m for m in MODULES if _within(m, "pmi_jax") and not _within(m, "pmi_jax.cli")]
+    bad = _violations(library, lambda m, target: not _within(target, "preprocess"))
+    assert not bad, "pmi_jax library modules must not import preprocess/ (only pmi_jax/cli may):\n" + "\n".join(bad)
+
+
+def test_preprocess_builds_on_the_bottom_layer_only():
+    stages = [m for m in MODULES if _within(m, "preprocess")]
+    bad = _violations(stages, lambda m, target: not _within(target, "pmi_jax") or target == "pmi_jax"
+                      or any(_within(target, b) for b in BOTTOM))
+    assert not bad, f"preprocess/ may import only {', '.join(BOTTOM)} of pmi_jax:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("layer", BOTTOM)
+def test_the_bottom_layer_imports_nothing_else_of_the_project(layer):
+    modules = [m for m in MODULES if _within(m, layer)]
+    assert modules, layer
+    bad = _violations(modules, lambda m, target: target == "pmi_jax" or any(_within(target, b) for b in BOTTOM))
+    assert not bad, f"{layer} is the bottom layer; it may import only {', '.join(BOTTOM)}:\n" + "\n".join(bad)
+
+
+def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
+    """The checks fail, naming the edge, on a module that breaks the rule."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\n\ndef f():\n    from preprocess.build_vocab import VocabOptions\n")
+    monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
+    assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
+        "bad.py:5 imports preprocess.build_vocab"]
