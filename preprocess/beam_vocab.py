@@ -244,13 +244,14 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
     from preprocess.build_vocab import VocabOptions
-    from preprocess.documents import expand_inputs
+    from preprocess.documents import check_output_apart, expand_inputs
 
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.
     options = dataclasses.replace(options or VocabOptions(), workers=1).validated()
-    storage.check_new_output(output, overwrite)
+    storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
+    check_output_apart(inputs, files, output)
     with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:

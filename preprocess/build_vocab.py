@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import math
 import os
-import tempfile
 import time
 from typing import Sequence
 
@@ -39,7 +38,7 @@ class VocabOptions:
     shares: tuple[float, ...] | None = None  # None: vocab_selection.default_shares(max_n)
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
-    tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: $TMPDIR)
+    tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
 
     def validated(self) -> "VocabOptions":
         """These options with defaults filled in; UserInputError naming the first bad option."""
@@ -78,16 +77,17 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     `memory_budget_bytes` and `chunk_positions` exist for tests (force spilling, many chunks).
     """
     from pmi_jax import storage
-    from preprocess.documents import expand_inputs
+    from preprocess.documents import check_output_apart, expand_inputs, tally_replacements
     from preprocess.ngram_counts import count_ngrams, covered_fraction, tokenise_corpus
 
     started = time.time()
     options = options.validated()
     _keep_freed_memory_for_reuse()
-    storage.check_new_output(output, overwrite)
+    storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
+    check_output_apart(inputs, files, output)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
-    with tempfile.TemporaryDirectory(prefix="pmi-jax-vocab-", dir=options.tmp_dir) as work_dir:
+    with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
         stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress)
         if stream.num_words == 0:
             raise UserInputError(
@@ -101,6 +101,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
         coverage = covered_fraction(stream, table, {n: s.index for n, s in selection.items()}, options.workers,
                                     chunk_positions, progress)
     stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started)
+    stats["invalid_utf8_bytes"] = sum(replaced.values())  # replaced by U+FFFD (preprocess/documents.py)
     vocab_lines, tsv_rows = vocabulary_text(table, selection)
     try:
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:

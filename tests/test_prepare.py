@@ -65,7 +65,7 @@ def prepared(corpus, tmp_path_factory) -> tuple[PrepareConfig, dict]:
 
 
 def _read_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
-    paths = prepared_corpus.shard_paths(data_dir, split)
+    paths = prepared_corpus.PreparedCorpus(data_dir).files(split)
     return [prepared_corpus.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
 
 
@@ -376,7 +376,7 @@ def test_packing_matches_a_token_by_token_reference_for_any_batching(seq_len):
 
 def test_parse_example_in_tf_data_matches_the_records(prepared):
     config, _ = prepared
-    paths = prepared_corpus.shard_paths(config.output, "validation")
+    paths = prepared_corpus.PreparedCorpus(config.output).files("validation")
     parsed = tf.data.TFRecordDataset(paths).map(lambda r: prepared_corpus.parse_example(r, ["pmi", "frequency"]))
     for got, want in zip(parsed.as_numpy_iterator(), _read_split(config.output, "validation"), strict=True):
         assert got.keys() == want.keys()
