@@ -6,9 +6,14 @@ run them when given `--runner`.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 from typing import Iterator, Sequence
 
 import apache_beam as beam
+
+from pmi_jax.errors import UserInputError
 
 # Documents are read and split into words in batches of about this many characters: the
 # unit of parallel work, large enough that per-element overhead vanishes.
@@ -40,3 +45,30 @@ class ReadDocumentBatches(beam.PTransform):
                 | "SpreadFiles" >> beam.Reshuffle()
                 | "Read" >> beam.FlatMap(_read_batches, self._batch_chars)
                 | "SpreadBatches" >> beam.Reshuffle())
+
+
+class _DropUserInputErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], UserInputError))
+
+
+@contextlib.contextmanager
+def user_errors_in_one_line() -> Iterator[None]:
+    """Run a pipeline so that a bad input stops it with the one-line error the local runs give.
+
+    A UserInputError raised in a worker (a JSON line whose "text" is not a string, say) comes
+    back from the DirectRunner as itself, with " [while running 'STEP']" appended, after Beam has
+    logged its traceback; here the log record is dropped and the suffix removed. (On Dataflow the
+    error is reported by the service, traceback included.)
+    """
+    quiet = _DropUserInputErrors()
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    except UserInputError as e:
+        raise UserInputError(re.sub(r"( \[while running '[^']*'\])+$", "", str(e))) from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)

@@ -92,7 +92,8 @@ def prepare(config, pipeline_options=None) -> dict:
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()
-    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
                            | "Read" >> beam_pipeline.ReadDocumentBatches(files)

@@ -252,7 +252,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
-    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:
         return json.load(f)

@@ -42,9 +42,10 @@ def read_table(directory: str) -> list[tuple[str, int, int, float]]:
     that is not the n-gram's length) is a one-line error naming the file and line.
     """
     path = join(directory, VOCAB_TSV)
-    for name in (VOCAB_TXT, VOCAB_TSV):
-        if not gfile.exists(join(directory, name)):
-            raise UserInputError(f"{directory}: not a complete vocabulary directory (no {name})")
+    if not gfile.exists(path):
+        raise UserInputError(f"{directory}: not a vocabulary directory (no {VOCAB_TSV})")
+    if not gfile.exists(join(directory, VOCAB_TXT)):
+        raise UserInputError(f"{directory}: not a complete vocabulary directory (no {VOCAB_TXT})")
     with gfile.GFile(path, "rb") as f:
         raw = f.read()
     try:
