@@ -79,12 +79,19 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
+    from preprocess import prepare as local
+
+    with local.removed_unless_begun(config.output):
+        plan = local.plan_prepare(config)
+        if not isinstance(plan, local.PreparePlan):
+            return plan  # already complete
+        return _run(config, plan, pipeline_options)
+
+
+def _run(config, plan, pipeline_options) -> dict:
     from pmi_jax.formats import wordpiece_vocab
     from preprocess import prepare as local
 
-    plan = local.plan_prepare(config)
-    if not isinstance(plan, local.PreparePlan):
-        return plan  # already complete
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:

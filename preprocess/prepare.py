@@ -15,6 +15,7 @@ each split's documents, in corpus order, are cut into contiguous runs, one per s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -225,13 +226,13 @@ def check_output_apart(config: PrepareConfig, files: Sequence[str]) -> None:
     """
     output = config.output.rstrip("/")
     storage.check_new_output(output, overwrite=True, directory=True)
+    documents.check_output_apart(config.inputs, files, output)
     if storage.gfile.isdir(output):
         foreign = sorted(n.rstrip("/") for n in storage.gfile.listdir(output) if not _is_ours(n))
         if foreign:
             raise UserInputError(f"--output {output}: holds files that `corpus prepare` does not write "
                                  f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                                  "choose a new or empty directory")
-    documents.check_output_apart(config.inputs, files, output)
     for name, source in config.units:
         if _inside(source, output) or _inside(output, source):
             raise UserInputError(f"--output {output}: overlaps the masking vocabulary --units {name}={source}")
@@ -565,12 +566,31 @@ def finish_prepare(plan: PreparePlan) -> dict:
 
 def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | None = None) -> dict:
     """Prepare (or finish preparing) `config.output`; return its metadata."""
-    plan = plan_prepare(config)
-    if not isinstance(plan, PreparePlan):
-        return plan
-    _install_wordpiece(config, plan.scan, plan.given_wordpiece)
-    _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
-    return finish_prepare(plan)
+    with removed_unless_begun(config.output):
+        plan = plan_prepare(config)
+        if not isinstance(plan, PreparePlan):
+            return plan
+        _install_wordpiece(config, plan.scan, plan.given_wordpiece)
+        _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
+        return finish_prepare(plan)
+
+
+@contextlib.contextmanager
+def removed_unless_begun(output: str) -> Iterator[None]:
+    """On failure, remove an output directory this run created if it holds no work worth resuming.
+
+    Finished shards and a trained vocab.txt are kept for the rerun that resumes them; a run that
+    fails before either (a full disk, a bad input found late) leaves no directory behind.
+    """
+    created = not storage.gfile.exists(output)
+    try:
+        yield
+    except BaseException:
+        if created and storage.gfile.isdir(output) and not any(
+                name.endswith(".tfrecord") or name == prepared_corpus.VOCAB_FILE
+                for name in storage.gfile.listdir(output)):
+            storage.remove_tree(output)
+        raise
 
 
 def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
