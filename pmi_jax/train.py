@@ -67,13 +67,13 @@ class CorpusInfo:
 
 def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
     """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
-    from pmi_jax import tasks  # TensorFlow: only when training on a prepared corpus
+    from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
 
     corpus = tasks.PreparedCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
     return CorpusInfo(data_dir=data_dir, seq_len=corpus.seq_len, vocab_size=corpus.vocabulary.vocab_size,
-                      vocab_sha256=corpus.vocab_sha256, units=corpus.unit_names)
+                      vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -290,9 +290,12 @@ def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
                         else "a damaged metadata.json" if storage.gfile.exists(metadata_file) else "shards or a vocab.txt")
                 raise UserInputError(f"--output {output}: holds {what} of a different configuration; "
                                      "pass --overwrite to replace it, or choose another directory")
-            _remove(metadata_file)
+            _remove(metadata_file)  # first: nothing may look complete while the rest goes
+            marker_file = storage.join(output, _MARKER)
+            _write_json(marker_file, {"config_fingerprint": fingerprint})  # now an unfinished run of ours
             for path in _our_files(output):
-                _remove(path)
+                if path != marker_file:
+                    _remove(path)
     for path in _our_files(output):
         if ".tmp-" in path:
             _remove(path)  # a shard or file whose writer was killed
