@@ -21,9 +21,12 @@ BATCH_CHARS = 1_000_000
 
 
 def _read_batches(path: str, batch_chars: int) -> Iterator[list[str]]:
-    from preprocess.documents import iter_document_batches
+    """The batches of one file, then its count of invalid UTF-8 bytes on the output "invalid"."""
+    from preprocess.documents import iter_document_batches, tally_replacements
 
-    yield from iter_document_batches([path], batch_chars)
+    with tally_replacements() as replaced:
+        yield from iter_document_batches([path], batch_chars)
+    yield beam.pvalue.TaggedOutput("invalid", sum(replaced.values()))
 
 
 class ReadDocumentBatches(beam.PTransform):
@@ -40,11 +43,13 @@ class ReadDocumentBatches(beam.PTransform):
         self._batch_chars = batch_chars
 
     def expand(self, pbegin):
-        return (pbegin
+        read = (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "SpreadFiles" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars)
-                | "SpreadBatches" >> beam.Reshuffle())
+                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars).with_outputs("invalid", main="batches"))
+        # Per file, the bytes replaced by U+FFFD (stats.json's invalid_utf8_bytes); read after applying.
+        self.invalid_utf8_bytes = read.invalid
+        return read.batches | "SpreadBatches" >> beam.Reshuffle()
 
 
 class _DropUserInputErrors(logging.Filter):

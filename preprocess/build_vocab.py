@@ -100,8 +100,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
                                  f"--min-count {options.min_count} times; give more text or lower --min-count")
         coverage = covered_fraction(stream, table, {n: s.index for n, s in selection.items()}, options.workers,
                                     chunk_positions, progress)
-    stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started)
-    stats["invalid_utf8_bytes"] = sum(replaced.values())  # replaced by U+FFFD (preprocess/documents.py)
+    stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started,
+                             sum(replaced.values()))
     vocab_lines, tsv_rows = vocabulary_text(table, selection)
     try:
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
@@ -252,7 +252,8 @@ def _score_chars(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return chars, starts, lengths
 
 
-def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float) -> dict:
+def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float,
+                     invalid_utf8_bytes: int) -> dict:
     lengths = range(1, options.max_n + 1)
     return {
         "documents": table.documents,
@@ -275,4 +276,5 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "inputs": list(files),
         "spilled_to_disk": table.spilled,
         "elapsed_seconds": round(elapsed, 3),
+        "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/documents.py)
     }

@@ -98,6 +98,11 @@ def test_the_beam_runner_reports_a_bad_json_line_in_one_line(corpus, tmp_path, c
                         "not a string\n"), err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+    # A few bad bytes: replaced and counted as the local build counts them.
+    text = (corpus / "good.txt").read_bytes()
+    (tmp_path / "latin1.txt").write_bytes(text.replace(b"chief", b"chi\xe9f", 3))
+    assert _vocab_build([tmp_path / "latin1.txt"], tmp_path / "vocab", "--runner", "DirectRunner") == 0
+    assert json.loads((tmp_path / "vocab" / "stats.json").read_text())["invalid_utf8_bytes"] == 3
 
 
 def test_nonsense_counts_are_refused(corpus, tmp_path, capsys):
