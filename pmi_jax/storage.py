@@ -107,21 +107,27 @@ def existing_output_error(path: str) -> UserInputError:
 def check_new_output(path: str, overwrite: bool, directory: bool = False) -> None:
     """Refuse an --output that cannot be written, before any work starts.
 
-    An existing output needs `overwrite`; a `directory` output may not be an existing file; a
-    local output needs an existing parent directory that accepts a file (read-only filesystems
-    and missing permissions are found here, by writing and removing a probe file, not after the work).
+    An existing output needs `overwrite`; a `directory` output may not be an existing file. A
+    local file output needs its directory to exist; a directory output's missing parents are
+    created when it is written, so no ancestor on the way may be a file. The place that will
+    take the output must accept a new file: read-only filesystems and missing permissions are
+    found here, by creating and removing a probe file, not after the work.
     """
     if gfile.exists(path):
         if directory and not gfile.isdir(path):
-            raise UserInputError(f"--output {path}: is a file, not a directory")
+            raise UserInputError(f"--output {path}: is a file; name a directory")
         if not overwrite:
             raise existing_output_error(path)
     if not is_local(path):
         return
     parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UserInputError(f"--output {path}: the parent directory {parent} does not exist")
-    probe = temporary_sibling(path)
+    if not directory and not os.path.isdir(parent):
+        raise UserInputError(f"--output {path}: the directory {parent} does not exist")
+    while not os.path.isdir(parent):
+        if os.path.exists(parent):
+            raise UserInputError(f"--output {path}: {parent} is a file")
+        parent = os.path.dirname(parent)
+    probe = temporary_sibling(os.path.join(parent, os.path.basename(path.rstrip("/"))))
     try:
         with open(probe, "wb"):
             pass

@@ -313,7 +313,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     again next time) or an unfinished run.
     """
     try:
-        prepared_corpus._check_structure(metadata, prepared_corpus.metadata_path(output))
+        prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
         damaged = prepared_corpus.damaged_shards(output, metadata)
     except UserInputError as e:
         log.warning("%s", e)

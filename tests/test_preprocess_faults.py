@@ -138,9 +138,9 @@ COMMANDS = {
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_outputs_that_cannot_be_written(corpus, tmp_path, capsys, command):
     run = COMMANDS[command]
-    _one_line_error(capsys, run(corpus, tmp_path / "missing" / "out"), "the parent directory", "does not exist")
     (tmp_path / "file").write_text("keep")
-    _one_line_error(capsys, run(corpus, tmp_path / "file"), "is a file, not a directory")
+    _one_line_error(capsys, run(corpus, tmp_path / "file"), "is a file; name a directory")
+    _one_line_error(capsys, run(corpus, tmp_path / "file" / "sub" / "out"), f"{tmp_path / 'file'} is a file")
     assert (tmp_path / "file").read_text() == "keep"
     assert _listing(tmp_path) == ["file"]
     with _tmpfs(tmp_path / "ro", "ro,size=1m") as read_only:

@@ -135,11 +135,11 @@ def read_metadata(data_dir: str) -> dict:
     if metadata.get("format_version") != FORMAT_VERSION:
         raise UserInputError(f"{path}: format_version {metadata.get('format_version')!r}, "
                              f"this pmi-jax reads {FORMAT_VERSION}")
-    _check_structure(metadata, path)
+    check_metadata(metadata, path)
     return metadata
 
 
-def _check_structure(metadata: dict, path: str) -> None:
+def check_metadata(metadata: dict, path: str) -> None:
     def bad(what: str) -> UserInputError:
         return UserInputError(f"{path}: {what}; rerun `pmi-jax corpus prepare`")
 
