@@ -140,6 +140,7 @@ def read_metadata(data_dir: str) -> dict:
 
 
 def check_metadata(metadata: dict, path: str) -> None:
+    """The fields readers index without looking, checked once, so damage is a one-line error."""
     def bad(what: str) -> UserInputError:
         return UserInputError(f"{path}: {what}; rerun `pmi-jax corpus prepare`")
 
