@@ -39,6 +39,21 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
+def read_json_object(path: str, advice: str = "") -> dict:
+    """A JSON file holding an object; a one-line error naming `path` (plus `advice`) otherwise."""
+    import json
+
+    with gfile.GFile(path, "rb") as f:
+        raw = f.read()
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserInputError(f"{path}: not valid JSON ({e or 'empty'}){advice}") from None
+    if not isinstance(value, dict):
+        raise UserInputError(f"{path}: not a JSON object{advice}")
+    return value
+
+
 def temporary_sibling(path: str) -> str:
     """A unique name next to `path`, so the final rename stays on one filesystem.
 

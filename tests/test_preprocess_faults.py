@@ -176,6 +176,16 @@ def data_dir(corpus, vocab_dir, tmp_path_factory) -> pathlib.Path:
     return out
 
 
+def _damaged_copy(source: pathlib.Path, copy: pathlib.Path, name: str, change) -> pathlib.Path:
+    """A copy of `source` whose file `name` is deleted (`change` None) or replaced by change(bytes)."""
+    shutil.copytree(source, copy)
+    if change is None:
+        (copy / name).unlink()
+    else:
+        (copy / name).write_bytes(change((copy / name).read_bytes()))
+    return copy
+
+
 VOCAB_DAMAGE = {
     "corrupted tsv": ("masking_vocab.tsv", lambda b: b + b"half a row\t2\n", "not a row `ngram<TAB>n"),
     "empty stats": ("stats.json", lambda b: b"", "stats.json: not valid JSON"),
@@ -186,12 +196,7 @@ VOCAB_DAMAGE = {
 @pytest.mark.parametrize("damage", sorted(VOCAB_DAMAGE))
 def test_a_damaged_vocabulary_is_one_line(vocab_dir, tmp_path, capsys, damage):
     name, change, message = VOCAB_DAMAGE[damage]
-    broken = tmp_path / "vocab"
-    shutil.copytree(vocab_dir, broken)
-    if change is None:
-        (broken / name).unlink()
-    else:
-        (broken / name).write_bytes(change((broken / name).read_bytes()))
+    broken = _damaged_copy(vocab_dir, tmp_path / "vocab", name, change)
     _one_line_error(capsys, main(["vocab", "show", str(broken)]), message)
 
 
@@ -222,12 +227,7 @@ def test_a_damaged_prepared_corpus_is_one_line_for_every_reader(data_dir, tmp_pa
     from pmi_jax import tasks
 
     name, change, message = CORPUS_DAMAGE[damage]
-    broken = tmp_path / "data"
-    shutil.copytree(data_dir, broken)
-    if change is None:
-        (broken / name).unlink()
-    else:
-        (broken / name).write_bytes(change((broken / name).read_bytes()))
+    broken = _damaged_copy(data_dir, tmp_path / "data", name, change)
     _one_line_error(capsys, main(["corpus", "show", str(broken)]), message)
     with pytest.raises(UserInputError, match=message.replace("`", ".").split(" (")[0]):
         tasks.PreparedCorpus(str(broken))  # what `train`, `data` and `eval` open

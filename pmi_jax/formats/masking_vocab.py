@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from pmi_jax.errors import UserInputError
-from pmi_jax.storage import gfile, join
+from pmi_jax.storage import gfile, join, read_json_object
 
 VOCAB_TXT = "masking_vocab.txt"
 VOCAB_TSV = "masking_vocab.tsv"
@@ -75,15 +75,7 @@ def read_stats(directory: str) -> dict:
     path = join(directory, STATS_JSON)
     if not gfile.exists(path):
         raise UserInputError(f"{directory}: not a vocabulary directory (no {STATS_JSON})")
-    with gfile.GFile(path, "rb") as f:
-        raw = f.read()
-    try:
-        stats = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UserInputError(f"{path}: not valid JSON ({e or 'empty'})") from None
-    if not isinstance(stats, dict):
-        raise UserInputError(f"{path}: not a JSON object")
-    return stats
+    return read_json_object(path)
 
 
 def load_ngrams(path: str) -> list[tuple[str, ...]]:

@@ -16,7 +16,6 @@ corpora through it. The writer is preprocess/prepare.py.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Mapping, Sequence
 
@@ -124,14 +123,7 @@ def read_metadata(data_dir: str) -> dict:
     if not storage.gfile.exists(path):
         raise UserInputError(f"{data_dir}: not a prepared corpus (no {METADATA_FILE}; "
                              "run `pmi-jax corpus prepare`, or let an interrupted run finish)")
-    with storage.gfile.GFile(path, "rb") as f:
-        raw = f.read()
-    try:
-        metadata = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UserInputError(f"{path}: not valid JSON ({e}); rerun `pmi-jax corpus prepare`") from None
-    if not isinstance(metadata, dict):
-        raise UserInputError(f"{path}: not a JSON object; rerun `pmi-jax corpus prepare`")
+    metadata = storage.read_json_object(path, "; rerun `pmi-jax corpus prepare`")
     if metadata.get("format_version") != FORMAT_VERSION:
         raise UserInputError(f"{path}: format_version {metadata.get('format_version')!r}, "
                              f"this pmi-jax reads {FORMAT_VERSION}")
