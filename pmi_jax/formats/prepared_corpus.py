@@ -212,6 +212,9 @@ class PreparedCorpus:
         if found != self.special_ids:
             raise UserInputError(f"{data_dir}: metadata.json special_ids {self.special_ids} disagree with "
                                  f"{VOCAB_FILE} {found}")
+        # The splits that hold data, in SPLITS order. (An attribute, not a property: `files` runs
+        # inside tf.data functions, whose AutoGraph conversion mishandles property calls.)
+        self.splits = [s for s in SPLITS if self.metadata["splits"].get(s, {}).get("files")]
         damaged = damaged_shards(data_dir, self.metadata)
         if damaged:
             name, what = next(iter(damaged.items()))
@@ -222,12 +225,6 @@ class PreparedCorpus:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
-
-    @property
-    def splits(self) -> list[str]:
-        """The splits that hold data, in SPLITS order."""
-        splits = self.metadata["splits"]
-        return [s for s in SPLITS if splits.get(s, {}).get("files")]
 
     def files(self, split: str) -> list[str]:
         """The shard paths of `split`, in order; a one-line error for a split without data."""
