@@ -47,7 +47,7 @@ from typing import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from pmi_jax import masking, randomness, storage
+from pmi_jax import masking, randomness
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
@@ -60,20 +60,13 @@ _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
 _FOREVER = 2**62
 
 
-class PreparedCorpus:
-    """A prepared data directory: its metadata, vocabulary and shard files, validated once."""
+class PreparedCorpus(prepared_corpus.PreparedCorpus):
+    """A prepared data directory, opened and checked by its format's reader, with the seqio
+    vocabulary and the masking-scheme checks that training adds."""
 
     def __init__(self, data_dir: str):
-        self.data_dir = data_dir
-        self.metadata = prepared_corpus.read_metadata(data_dir)
-        self.seq_len = int(self.metadata["seq_len"])
-        self.unit_names = tuple(sorted(self.metadata.get("units", {})))
+        super().__init__(data_dir)
         self.vocabulary = WordPieceVocabulary(prepared_corpus.vocab_path(data_dir))
-        self.special_ids = self.vocabulary.special_ids
-        recorded = {k: self.metadata["special_ids"].get(k) for k in self.special_ids}
-        if recorded != self.special_ids:
-            raise UserInputError(f"{data_dir}: metadata.json special_ids {recorded} disagree with vocab.txt "
-                                 f"{self.special_ids}")
 
     @property
     def schemes(self) -> list[str]:
@@ -96,13 +89,6 @@ class PreparedCorpus:
                 f"sequence length {seq_len}: {self.data_dir} holds sequences of up to {self.seq_len} tokens; "
                 f"prepare the corpus with --seq-len {seq_len} to train on shorter ones"
             )
-
-    def files(self, split: str) -> list[str]:
-        splits = self.metadata.get("splits", {})
-        if split not in splits or not splits[split].get("files"):
-            present = ", ".join(s for s in splits if splits[s].get("files")) or "none"
-            raise UserInputError(f"--split {split}: {self.data_dir} has no such split (splits with data: {present})")
-        return [storage.join(self.data_dir, name) for name in splits[split]["files"]]
 
     @staticmethod
     def unit_names_for(scheme: str) -> list[str]:
@@ -139,8 +125,7 @@ class PreparedCorpusSource(seqio.DataSource):
         num_epochs: int | None = 1,
         start_example: int = 0,
     ):
-        splits = [s for s in prepared_corpus.SPLITS if corpus.metadata.get("splits", {}).get(s, {}).get("files")]
-        super().__init__(splits=splits, caching_permitted=False, performs_internal_shuffling=True)
+        super().__init__(splits=corpus.splits, caching_permitted=False, performs_internal_shuffling=True)
         self.corpus = corpus
         self.unit_names = tuple(unit_names)
         self.shuffle_buffer_size = shuffle_buffer_size

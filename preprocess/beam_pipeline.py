@@ -6,9 +6,14 @@ run them when given `--runner`.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 from typing import Iterator, Sequence
 
 import apache_beam as beam
+
+from pmi_jax.errors import UserInputError
 
 # Documents are read and split into words in batches of about this many characters: the
 # unit of parallel work, large enough that per-element overhead vanishes.
@@ -16,9 +21,12 @@ BATCH_CHARS = 1_000_000
 
 
 def _read_batches(path: str, batch_chars: int) -> Iterator[list[str]]:
-    from preprocess.documents import iter_document_batches
+    """The batches of one file, then its count of invalid UTF-8 bytes on the output "invalid"."""
+    from preprocess.documents import iter_document_batches, tally_replacements
 
-    yield from iter_document_batches([path], batch_chars)
+    with tally_replacements() as replaced:
+        yield from iter_document_batches([path], batch_chars)
+    yield beam.pvalue.TaggedOutput("invalid", sum(replaced.values()))
 
 
 class ReadDocumentBatches(beam.PTransform):
@@ -35,8 +43,37 @@ class ReadDocumentBatches(beam.PTransform):
         self._batch_chars = batch_chars
 
     def expand(self, pbegin):
-        return (pbegin
+        read = (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "SpreadFiles" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars)
-                | "SpreadBatches" >> beam.Reshuffle())
+                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars).with_outputs("invalid", main="batches"))
+        # Per file, the bytes replaced by U+FFFD (stats.json's invalid_utf8_bytes); read after applying.
+        self.invalid_utf8_bytes = read.invalid
+        return read.batches | "SpreadBatches" >> beam.Reshuffle()
+
+
+class _DropUserInputErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], UserInputError))
+
+
+@contextlib.contextmanager
+def user_errors_in_one_line() -> Iterator[None]:
+    """Run a pipeline so that a bad input stops it with the one-line error the local runs give.
+
+    A UserInputError raised in a worker (a JSON line whose "text" is not a string, say) comes
+    back from the DirectRunner as itself, with " [while running 'STEP']" appended, after Beam has
+    logged its traceback; here the log record is dropped and the suffix removed. (On Dataflow the
+    error is reported by the service, traceback included.)
+    """
+    quiet = _DropUserInputErrors()
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    except UserInputError as e:
+        raise UserInputError(re.sub(r"( \[while running '[^']*'\])+$", "", str(e))) from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)

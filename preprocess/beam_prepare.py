@@ -79,12 +79,19 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
+    from preprocess import prepare as local
+
+    with local.removed_unless_begun(config.output):
+        plan = local.plan_prepare(config)
+        if not isinstance(plan, local.PreparePlan):
+            return plan  # already complete
+        return _run(config, plan, pipeline_options)
+
+
+def _run(config, plan, pipeline_options) -> dict:
     from pmi_jax.formats import wordpiece_vocab
     from preprocess import prepare as local
 
-    plan = local.plan_prepare(config)
-    if not isinstance(plan, local.PreparePlan):
-        return plan  # already complete
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:
@@ -92,7 +99,8 @@ def prepare(config, pipeline_options=None) -> dict:
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()
-    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
                            | "Read" >> beam_pipeline.ReadDocumentBatches(files)

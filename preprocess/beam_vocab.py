@@ -166,7 +166,7 @@ def select(_, options, files: Sequence[str], frequent, counted, totals, distinct
         raise UserInputError(f"--input {' '.join(files)}: no n-gram of 2 or more words occurs "
                              f"--min-count {options.min_count} times; give more text or lower --min-count")
     # Coverage and elapsed time are filled in by the last stage; the key order stays the local one.
-    stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0)
+    stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0, 0)
     return {
         "text": build_vocab.vocabulary_text(table, selection),
         "grams": {n: {tuple(w.encode("utf-8") for w in t.split(" ")) for t in s.texts} for n, s in selection.items()},
@@ -187,12 +187,13 @@ def covered_words(batch: Sequence[Gram], selected: dict) -> int:
     return covered
 
 
-def write(selected: dict, output: str, started: float, covered: int) -> None:
+def write(selected: dict, output: str, started: float, covered: int, invalid_utf8_bytes: int) -> None:
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
 
     stats = dict(selected["stats"])
     stats["coverage"] = covered / stats["words"]
+    stats["invalid_utf8_bytes"] = invalid_utf8_bytes
     stats["elapsed_seconds"] = round(time.time() - started, 3)
     with storage.atomic_directory(output, overwrite=True) as tmp:
         masking_vocab.write_vocabulary(tmp, *selected["text"], stats)
@@ -205,9 +206,11 @@ def write(selected: dict, output: str, started: float, covered: int) -> None:
 def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, options, started: float) -> None:
     """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
     max_n, min_count = options.max_n, options.min_count
+    read = beam_pipeline.ReadDocumentBatches(files)
     batches = (pipeline
-               | "Read" >> beam_pipeline.ReadDocumentBatches(files)
+               | "Read" >> read
                | "Words" >> beam.Map(document_words))
+    invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches
               | "Totals" >> beam.Map(batch_totals, max_n)
               | "SumTotals" >> beam.CombineGlobally(functools.partial(add_vectors, size=max_n + 1)))
@@ -237,7 +240,8 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     covered = (batches
                | "Coverage" >> beam.Map(covered_words, beam.pvalue.AsSingleton(selected))
                | "SumCoverage" >> beam.CombineGlobally(sum))
-    _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered))
+    _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered),
+                                       beam.pvalue.AsSingleton(invalid))
 
 
 def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite: bool = False,
@@ -246,14 +250,16 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
     from preprocess.build_vocab import VocabOptions
-    from preprocess.documents import expand_inputs
+    from preprocess.documents import check_output_apart, expand_inputs
 
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.
     options = dataclasses.replace(options or VocabOptions(), workers=1).validated()
-    storage.check_new_output(output, overwrite)
+    storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
-    with beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    check_output_apart(inputs, files, output)
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:
         return json.load(f)

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 import os
-import tempfile
 import time
 from typing import Sequence
 
@@ -40,7 +39,7 @@ class VocabOptions:
     shares: tuple[float, ...] | None = None  # None: vocab_selection.default_shares(max_n)
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
-    tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: $TMPDIR)
+    tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
 
     def validated(self) -> "VocabOptions":
         """These options with defaults filled in; UserInputError naming the first bad option."""
@@ -81,17 +80,18 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     command does).
     """
     from pmi_jax import storage
-    from preprocess.documents import expand_inputs
     from preprocess.coverage import covered_fraction
+    from preprocess.documents import check_output_apart, expand_inputs, tally_replacements
     from preprocess.ngram_counts import count_ngrams
     from preprocess.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()
-    storage.check_new_output(output, overwrite)
+    storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
+    check_output_apart(inputs, files, output)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
-    with tempfile.TemporaryDirectory(prefix="pmi-jax-vocab-", dir=options.tmp_dir) as work_dir:
+    with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
         stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress)
         if stream.num_words == 0:
             raise UserInputError(
@@ -104,7 +104,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
                                  f"--min-count {options.min_count} times; give more text or lower --min-count")
         coverage = covered_fraction(stream, table, {n: s.index for n, s in selection.items()}, options.workers,
                                     chunk_positions, progress)
-    stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started)
+    stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started,
+                             sum(replaced.values()))
     vocab_lines, tsv_rows = vocabulary_text(table, selection)
     try:
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
@@ -236,7 +237,8 @@ def _score_chars(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return chars, starts, lengths
 
 
-def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float) -> dict:
+def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float,
+                     invalid_utf8_bytes: int) -> dict:
     lengths = range(1, options.max_n + 1)
     return {
         "documents": table.documents,
@@ -259,4 +261,5 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "inputs": list(files),
         "spilled_to_disk": table.spilled,
         "elapsed_seconds": round(elapsed, 3),
+        "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/documents.py)
     }

@@ -4,20 +4,45 @@ Formats, chosen by file name (each optionally gzip-compressed, `.gz`):
   *.jsonl, *.json   one JSON object per line; the document is its "text" field.
   anything else     BERT pretraining text: documents separated by one or more blank lines,
                     the lines inside a document joined with a single space.
-Bytes that are not valid UTF-8 are replaced with U+FFFD rather than failing the job.
+A few bytes that are not valid UTF-8 in real text are replaced with U+FFFD rather than failing
+the job (and counted: `tally_replacements`); a file whose bytes are mostly not UTF-8 (a binary
+file, another encoding) is refused, as are a `.gz` that is not gzip and a JSON line whose "text"
+is not a string: each a one-line UserInputError naming the file.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gzip
 import io
 import json
+import os
+import zlib
 from typing import Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
+# A file with more than this fraction of its bytes in invalid UTF-8 sequences is not text: random
+# bytes have about 43%, text in a Latin-1 language read as UTF-8 a few percent.
+MAX_INVALID_FRACTION = 0.25
+_TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
+
+
+@contextlib.contextmanager
+def tally_replacements() -> Iterator[dict[str, int]]:
+    """Collect {file: invalid UTF-8 bytes replaced} for the files read inside the block.
+
+    A context variable rather than a parameter, so that the readers deep inside the counting
+    pipeline need not pass it along; only files with replacements appear.
+    """
+    tally: dict[str, int] = {}
+    token = _TALLY.set(tally)
+    try:
+        yield tally
+    finally:
+        _TALLY.reset(token)
 
 
 def _is_json_lines(path: str) -> bool:
@@ -57,6 +82,27 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
+def is_inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies under it (local paths resolved, URLs compared as text)."""
+    if "://" in path or "://" in directory:
+        path, directory = path.rstrip("/"), directory.rstrip("/")
+    else:
+        path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def check_output_apart(inputs: Sequence[str], files: Sequence[str], output: str) -> None:
+    """Refuse an --output inside an --input directory (a later run would read it as input) or
+    one that holds an input file (replacing the output would delete it)."""
+    for pattern in inputs:
+        if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and is_inside(output, pattern):
+            raise UserInputError(f"--output {output}: lies inside --input {pattern}, so a later run would read "
+                                 "this output as input; write it elsewhere")
+    for path in files:
+        if is_inside(path, output):
+            raise UserInputError(f"--output {output}: holds the input file {path}; write it elsewhere")
+
+
 class _GFileReader(io.RawIOBase):
     """tf.io.gfile.GFile as a standard raw stream, so io/gzip can layer on top of any URL."""
 
@@ -77,37 +123,82 @@ class _GFileReader(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def _open_text(path: str) -> Iterator[io.TextIOBase]:
+def _open_binary(path: str) -> Iterator[io.BufferedIOBase]:
     with io.BufferedReader(_GFileReader(path), buffer_size=1 << 20) as binary:
-        stream = gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
-        with io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=None) as text:
-            yield text
+        yield gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
+
+
+def _decode(raw: bytes) -> tuple[str, int]:
+    """UTF-8 bytes -> (text with U+FFFD for each invalid sequence, number of invalid bytes)."""
+    try:
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        pass
+    parts, invalid, start = [], 0, 0
+    while True:
+        try:
+            parts.append(raw[start:].decode("utf-8"))
+            return "".join(parts), invalid
+        except UnicodeDecodeError as e:
+            parts.append(raw[start:start + e.start].decode("utf-8"))
+            parts.append("\ufffd")
+            invalid += e.end - e.start
+            start += e.end
+
+
+def _lines(path: str) -> Iterator[str]:
+    """The lines of a file as text, split on "\n", "\r\n" and "\r" (Python's universal newlines).
+
+    Invalid UTF-8 is replaced and counted; a file that is mostly invalid, or a broken .gz, is
+    refused once seen.
+    """
+    total = invalid = 0
+    try:
+        with _open_binary(path) as f:
+            for raw in f:
+                text, bad = _decode(raw)
+                total += len(raw)
+                invalid += bad
+                if "\r" in text:
+                    yield from text.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
+                else:
+                    yield text
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise UserInputError(f"--input {path}: not a readable gzip file ({e or type(e).__name__})") from None
+    if invalid > MAX_INVALID_FRACTION * total:
+        raise UserInputError(f"--input {path}: not UTF-8 text ({invalid} of its {total} bytes are not valid UTF-8)")
+    tally = _TALLY.get()
+    if invalid and tally is not None:
+        tally[path] = tally.get(path, 0) + invalid
 
 
 def read_documents(path: str) -> Iterator[str]:
     """Yield the non-empty documents of one file, in file order."""
-    with _open_text(path) as f:
-        if _is_json_lines(path):
-            for line_number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)["text"]
-                except (ValueError, KeyError, TypeError) as e:
-                    raise UserInputError(f"{path}:{line_number}: not a JSON object with a 'text' field ({e})")
-                if text.strip():
-                    yield text
-            return
-        lines: list[str] = []
-        for line in f:
-            line = line.strip()
-            if line:
-                lines.append(line)
-            elif lines:
-                yield " ".join(lines)
-                lines = []
-        if lines:
-            yield " ".join(lines)
+    lines = _lines(path)
+    if _is_json_lines(path):
+        for line_number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise UserInputError(f"{path}:{line_number}: not a JSON object with a 'text' field ({e})") from None
+            if not isinstance(text, str):
+                raise UserInputError(f"{path}:{line_number}: the 'text' field is {json.dumps(text)[:40]}, "
+                                     "not a string")
+            if text.strip():
+                yield text
+        return
+    paragraph: list[str] = []
+    for line in lines:
+        line = line.strip()
+        if line:
+            paragraph.append(line)
+        elif paragraph:
+            yield " ".join(paragraph)
+            paragraph = []
+    if paragraph:
+        yield " ".join(paragraph)
 
 
 def iter_documents(files: Iterable[str]) -> Iterator[str]:

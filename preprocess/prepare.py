@@ -5,8 +5,11 @@ The contract: docs/design.md, "Prepared corpus".
 The work is cut into shards, each an independent, deterministic job over a fixed list of
 documents: tokenise, segment into units for every masking vocabulary, pack, write. A shard is
 written under a temporary name and renamed when complete, after a small stats file beside it
-(`.progress/`). A rerun with the same configuration skips finished shards, deletes leftover
-temporary files and does the rest; `metadata.json`, written last, marks the directory complete.
+(`.progress/`, with the shard's size). A rerun with the same configuration skips finished shards
+(present, with the size recorded), deletes leftover temporary files and does the rest;
+`metadata.json`, written last, records every shard's size and stats. A rerun of a finished
+directory checks it (`formats.prepared_corpus.damaged_shards`, vocab.txt's hash) and, if a shard
+or vocab.txt is missing or damaged, reopens it as an unfinished run that rewrites only those.
 
 Which document goes where depends only on the corpus, --validation-fraction, --shards and
 --seed: `validation` takes a seeded random choice of round(fraction * documents) documents, and
@@ -14,6 +17,7 @@ each split's documents, in corpus order, are cut into contiguous runs, one per s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -57,6 +61,7 @@ class PrepareConfig:
     seed: int = 0
     workers: int = 1
     overwrite: bool = False
+    progress: bool = True                     # progress bars on stderr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,7 @@ class CorpusScan:
     docs_per_file: tuple[int, ...]
     chars: int
     sha256: str
+    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/documents.py)
 
     @property
     def documents(self) -> int:
@@ -97,18 +103,19 @@ class WorkerContext:
 # ---------------------------------------------------------------------------------------------
 # Inputs: corpus, vocabularies, document assignment.
 
-def scan_corpus(files: Sequence[str]) -> CorpusScan:
+def scan_corpus(files: Sequence[str], progress: bool = True) -> CorpusScan:
     """One pass over the corpus: documents per file, characters, and a content hash."""
     digest = hashlib.sha256()
     counts, chars = [], 0
-    for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2):
-        n = 0
-        for doc in documents.read_documents(path):
-            digest.update(doc.encode("utf-8") + b"\0")
-            chars += len(doc)
-            n += 1
-        counts.append(n)
-    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest())
+    with documents.tally_replacements() as replaced:
+        for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2 or not progress):
+            n = 0
+            for doc in documents.read_documents(path):
+                digest.update(doc.encode("utf-8") + b"\0")
+                chars += len(doc)
+                n += 1
+            counts.append(n)
+    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()))
 
 
 def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
@@ -203,21 +210,50 @@ def _our_files(output: str) -> list[str]:
     """Files in `output` that a prepare run writes (shards, vocab, metadata, marker, temporaries)."""
     if not storage.gfile.isdir(output):
         return []
-    names = storage.gfile.listdir(output)
-    ours = []
-    for name in names:
-        name = name.rstrip("/")
-        if (name.endswith(".tfrecord") or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, _MARKER,
-                                                   _PROGRESS) or ".tmp-" in name):
-            ours.append(storage.join(output, name))
-    return ours
+    return [storage.join(output, name) for name in storage.gfile.listdir(output) if _is_ours(name)]
+
+
+def _is_ours(name: str) -> bool:
+    name = name.rstrip("/")
+    return (name.endswith(".tfrecord") or ".tmp-" in name
+            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, _MARKER, _PROGRESS))
+
+
+def check_output_apart(config: PrepareConfig, files: Sequence[str]) -> None:
+    """Refuse an --output that would mix the corpus into something else or feed a later run.
+
+    It may not hold files that prepare does not write (a masking vocabulary directory, say),
+    be an --input directory or lie inside one (the next run would read this output as input),
+    or hold an --input file (--overwrite would delete it).
+    """
+    output = config.output.rstrip("/")
+    storage.check_new_output(output, overwrite=True, directory=True)
+    documents.check_output_apart(config.inputs, files, output)
+    if storage.gfile.isdir(output):
+        foreign = sorted(n.rstrip("/") for n in storage.gfile.listdir(output) if not _is_ours(n))
+        if foreign:
+            raise UserInputError(f"--output {output}: holds files that `corpus prepare` does not write "
+                                 f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                                 "choose a new or empty directory")
+    for name, source in config.units:
+        if _inside(source, output) or _inside(output, source):
+            raise UserInputError(f"--output {output}: overlaps the masking vocabulary --units {name}={source}")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return documents.is_inside(path, directory)
 
 
 def _read_json(path: str) -> dict | None:
+    """A JSON file written by this module, or None if it is absent or unreadable (a damaged run)."""
     if not storage.gfile.exists(path):
         return None
-    with storage.gfile.GFile(path, "r") as f:
-        return json.load(f)
+    try:
+        with storage.gfile.GFile(path, "r") as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _write_json(path: str, value: dict) -> None:
@@ -226,33 +262,42 @@ def _write_json(path: str, value: dict) -> None:
 
 
 def _remove(path: str) -> None:
-    if storage.gfile.isdir(path):
-        storage.gfile.rmtree(path)
-    elif storage.gfile.exists(path):
-        storage.gfile.remove(path)
+    storage.remove_tree(path)
 
 
 def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
     """Make `output` ours for this configuration; return its metadata if it is already complete.
 
-    A directory left by another configuration is an error unless --overwrite, which deletes only
-    the files a prepare run writes. Leftover temporary files of an interrupted run are deleted.
+    Complete means: metadata.json of this configuration, vocab.txt with the hash it records, and
+    every shard it lists with the size it records. A directory that is not (a shard deleted or
+    truncated) is reopened as an unfinished run that rewrites only what is damaged. A directory
+    left by another configuration is an error unless --overwrite, which deletes metadata.json
+    first (so nothing looks complete meanwhile), then the other files a prepare run writes.
+    Leftover temporary files of an interrupted run are deleted.
     """
-    metadata = _read_json(prepared_corpus.metadata_path(output))
+    metadata_file = prepared_corpus.metadata_path(output)
+    metadata = _read_json(metadata_file)
     marker = _read_json(storage.join(output, _MARKER))
     found = (metadata or marker or {}).get("config_fingerprint")
     if found == fingerprint and metadata is not None:
-        _remove(storage.join(output, _PROGRESS))  # left if a run was killed right after its metadata
-        _remove(storage.join(output, _MARKER))
-        return metadata
-    ours = _our_files(output)
-    if found != fingerprint and ours:
-        if not overwrite:
-            what = "a prepared corpus" if metadata else ("an unfinished run" if marker else "shards or a vocab.txt")
-            raise UserInputError(f"--output {output}: holds {what} of a different configuration; "
-                                 "pass --overwrite to replace it, or choose another directory")
-        for path in ours:
-            _remove(path)
+        if _intact(output, metadata, fingerprint):
+            _remove(storage.join(output, _PROGRESS))  # left if a run was killed right after its metadata
+            _remove(storage.join(output, _MARKER))
+            return metadata
+    else:
+        ours = _our_files(output)
+        if found != fingerprint and ours:
+            if not overwrite:
+                what = ("a prepared corpus" if metadata else "an unfinished run" if marker
+                        else "a damaged metadata.json" if storage.gfile.exists(metadata_file) else "shards or a vocab.txt")
+                raise UserInputError(f"--output {output}: holds {what} of a different configuration; "
+                                     "pass --overwrite to replace it, or choose another directory")
+            _remove(metadata_file)  # first: nothing may look complete while the rest goes
+            marker_file = storage.join(output, _MARKER)
+            _write_json(marker_file, {"config_fingerprint": fingerprint})  # now an unfinished run of ours
+            for path in _our_files(output):
+                if path != marker_file:
+                    _remove(path)
     for path in _our_files(output):
         if ".tmp-" in path:
             _remove(path)  # a shard or file whose writer was killed
@@ -261,12 +306,55 @@ def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
     return None
 
 
+def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
+    """Check a finished directory; if it is damaged, turn it back into an unfinished run and say so.
+
+    The shards that are intact keep their stats (metadata.json's `shards`, written back to
+    `.progress/`), so that only the damaged ones are rewritten. The marker goes first and
+    metadata.json last, so a kill in between leaves either the damaged finished state (checked
+    again next time) or an unfinished run.
+    """
+    try:
+        prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
+        damaged = prepared_corpus.damaged_shards(output, metadata)
+    except UserInputError as e:
+        log.warning("%s", e)
+        damaged = {name: "unreadable" for name in metadata.get("shards", {})}
+        metadata = {"shards": {}}
+    vocab = prepared_corpus.vocab_path(output)
+    vocab_ok = (storage.gfile.exists(vocab)
+                and storage.file_sha256(vocab) == metadata.get("wordpiece", {}).get("sha256"))
+    if not damaged and vocab_ok:
+        return True  # (an older run's metadata records no sizes: presence is what can be checked)
+    problems = [f"{name} is {what}" for name, what in damaged.items()]
+    if not vocab_ok:
+        problems.append(f"{prepared_corpus.VOCAB_FILE} is missing or not the one recorded")
+    log.warning("%s: prepared with this configuration, but %s; rewriting what is damaged", output,
+                "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    _write_json(storage.join(output, _MARKER), {"config_fingerprint": fingerprint})
+    storage.gfile.makedirs(storage.join(output, _PROGRESS))
+    for name, stats in metadata.get("shards", {}).items():
+        if name not in damaged:
+            _write_json(storage.join(output, _PROGRESS, name + ".json"), stats)
+    _remove(prepared_corpus.metadata_path(output))
+    for name in damaged:
+        _remove(storage.join(output, name))
+    if not vocab_ok:
+        _remove(vocab)
+    return False
+
+
 def _progress_path(output: str, task: ShardTask) -> str:
     return storage.join(output, _PROGRESS, task.name + ".json")
 
 
 def _is_done(output: str, task: ShardTask) -> bool:
-    return storage.gfile.exists(storage.join(output, task.name)) and storage.gfile.exists(_progress_path(output, task))
+    """Written by an earlier run: the shard and its stats exist, and the shard has the size recorded."""
+    path = storage.join(output, task.name)
+    stats = _read_json(_progress_path(output, task))
+    if stats is None or not storage.gfile.exists(path):
+        return False
+    return stats.get("bytes") in (None, storage.gfile.stat(path).length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +433,7 @@ class ShardWriter:
                     stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
             stats["content_tokens"] = packer.tokens
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
+            stats["bytes"] = storage.gfile.stat(tmp).length
             _write_json(_progress_path(ctx.output, task), stats)
             storage.gfile.rename(tmp, path, overwrite=True)
         finally:
@@ -372,8 +461,8 @@ def _write_in_worker(task: ShardTask) -> tuple[ShardTask, dict]:
 
 
 def _run_tasks(context: WorkerContext, tasks: list[ShardTask], workers: int,
-               on_shard_done: Callable[[ShardTask], None] | None) -> None:
-    bar = tqdm.tqdm(total=len(tasks), desc="shards", unit="shard")
+               on_shard_done: Callable[[ShardTask], None] | None, progress: bool = True) -> None:
+    bar = tqdm.tqdm(total=len(tasks), desc="shards", unit="shard", disable=not progress)
     if workers == 1 or len(tasks) <= 1:
         writer = ShardWriter(context)
         results = ((task, writer.write(task)) for task in tasks)
@@ -445,9 +534,10 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     """
     check_config(config)
     files = documents.expand_inputs(config.inputs)
+    check_output_apart(config, files)
     given = wordpiece_vocab.load_vocab(config.wordpiece) if config.wordpiece is not None else None
     units = load_unit_vocabularies(config.units)
-    scan = scan_corpus(files)
+    scan = scan_corpus(files, config.progress)
     if scan.documents == 0:
         raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
     is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)
@@ -481,12 +571,31 @@ def finish_prepare(plan: PreparePlan) -> dict:
 
 def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | None = None) -> dict:
     """Prepare (or finish preparing) `config.output`; return its metadata."""
-    plan = plan_prepare(config)
-    if not isinstance(plan, PreparePlan):
-        return plan
-    _install_wordpiece(config, plan.scan, plan.given_wordpiece)
-    _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done)
-    return finish_prepare(plan)
+    with removed_unless_begun(config.output):
+        plan = plan_prepare(config)
+        if not isinstance(plan, PreparePlan):
+            return plan
+        _install_wordpiece(config, plan.scan, plan.given_wordpiece)
+        _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
+        return finish_prepare(plan)
+
+
+@contextlib.contextmanager
+def removed_unless_begun(output: str) -> Iterator[None]:
+    """On failure, remove an output directory this run created if it holds no work worth resuming.
+
+    Finished shards and a trained vocab.txt are kept for the rerun that resumes them; a run that
+    fails before either (a full disk, a bad input found late) leaves no directory behind.
+    """
+    created = not storage.gfile.exists(output)
+    try:
+        yield
+    except BaseException:
+        if created and storage.gfile.isdir(output) and not any(
+                name.endswith(".tfrecord") or name == prepared_corpus.VOCAB_FILE
+                for name in storage.gfile.listdir(output)):
+            storage.remove_tree(output)
+        raise
 
 
 def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
@@ -494,8 +603,10 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
     splits = {split: {"shards": 0, "sequences": 0, "tokens": 0, "content_tokens": 0, "documents": 0, "files": []}
               for split in prepared_corpus.SPLITS}
     multiword = dict.fromkeys(units, 0)
+    shards = {}
     for task in tasks:
         stats = _read_json(_progress_path(config.output, task))
+        shards[task.name] = stats
         split = splits[task.split]
         split["shards"] += 1
         split["files"].append(task.name)
@@ -516,6 +627,8 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
                          "coverage": multiword[name] / content if content else 0.0}
                   for name, u in units.items()},
         "splits": splits,
-        "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256},
+        "shards": shards,
+        "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256,
+                   "invalid_utf8_bytes": scan.invalid_utf8_bytes},
         "config_fingerprint": fingerprint,
     }

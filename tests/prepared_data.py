@@ -199,6 +199,8 @@ def write_prepared_corpus(
         "units": {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
                   for name in unit_names},
         "splits": splits,
+        "shards": {name: {"bytes": os.path.getsize(os.path.join(data_dir, name))}
+                   for split in splits.values() for name in split["files"]},
     }
     with open(prepared_corpus.metadata_path(data_dir), "w") as f:
         json.dump(metadata, f, indent=2)
@@ -207,5 +209,5 @@ def write_prepared_corpus(
 
 def read_prepared_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
     """All sequences of a split in file order, as NumPy arrays (for test oracles)."""
-    records = tf.data.TFRecordDataset(prepared_corpus.shard_paths(data_dir, split))
+    records = tf.data.TFRecordDataset(prepared_corpus.PreparedCorpus(data_dir).files(split))
     return [prepared_corpus.decode_example(r) for r in records.as_numpy_iterator()]

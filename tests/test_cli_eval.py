@@ -54,6 +54,11 @@ def test_perplexity_refuses_a_corpus_with_another_vocabulary(tmp_path, corpus_ch
                                         shards={"train": 1, "validation": 1}, seq_len=32)
     with open(os.path.join(other, "vocab.txt"), "a") as f:
         f.write("extra\n")
+    with open(os.path.join(other, "metadata.json")) as f:
+        metadata = json.load(f)
+    metadata["wordpiece"]["size"] += 1  # a consistent corpus, on another vocabulary
+    with open(os.path.join(other, "metadata.json"), "w") as f:
+        json.dump(metadata, f)
     assert main(["eval", "perplexity", "--checkpoint", corpus_checkpoint, "--data", other]) == 2
     err = capsys.readouterr().err
     assert f"--data {other}: its vocab.txt is not the vocabulary checkpoint" in err and err.count("\n") == 1

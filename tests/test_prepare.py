@@ -65,7 +65,7 @@ def prepared(corpus, tmp_path_factory) -> tuple[PrepareConfig, dict]:
 
 
 def _read_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]]:
-    paths = prepared_corpus.shard_paths(data_dir, split)
+    paths = prepared_corpus.PreparedCorpus(data_dir).files(split)
     return [prepared_corpus.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
 
 
@@ -376,7 +376,7 @@ def test_packing_matches_a_token_by_token_reference_for_any_batching(seq_len):
 
 def test_parse_example_in_tf_data_matches_the_records(prepared):
     config, _ = prepared
-    paths = prepared_corpus.shard_paths(config.output, "validation")
+    paths = prepared_corpus.PreparedCorpus(config.output).files("validation")
     parsed = tf.data.TFRecordDataset(paths).map(lambda r: prepared_corpus.parse_example(r, ["pmi", "frequency"]))
     for got, want in zip(parsed.as_numpy_iterator(), _read_split(config.output, "validation"), strict=True):
         assert got.keys() == want.keys()
@@ -386,3 +386,116 @@ def test_parse_example_in_tf_data_matches_the_records(prepared):
 
 def test_inputs_are_read_in_sorted_order(corpus):
     assert list(iter_documents(expand_inputs(corpus["inputs"]))) == corpus["docs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reruns verify what they claim; --overwrite never leaves a state that looks complete.
+
+def _copy_of(prepared, tmp_path) -> pathlib.Path:
+    import shutil
+
+    config, _ = prepared
+    shutil.copytree(config.output, tmp_path / "data")
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "vocab"])
+def test_a_rerun_rewrites_a_deleted_or_truncated_shard(corpus, prepared, tmp_path, damage):
+    config, _ = prepared
+    output = _copy_of(prepared, tmp_path)
+    reference = _bytes_of(output)
+    shard = output / "train-00001-of-00003.tfrecord"
+    if damage == "delete":
+        shard.unlink()
+    elif damage == "truncate":
+        shard.write_bytes(reference[shard.name][:-7])
+    else:
+        (output / "vocab.txt").unlink()
+    with pytest.raises(UserInputError, match="shard train-00001-of-00003.tfrecord is|vocab.txt is missing"):
+        prepared_corpus.PreparedCorpus(str(output))  # every reader refuses it, in one line
+    written = []
+    prepare(_config(corpus, output), on_shard_done=lambda task: written.append(task.name))
+    assert written == ([] if damage == "vocab" else [shard.name])  # only what was damaged is redone
+    assert _bytes_of(output) == reference
+    prepared_corpus.PreparedCorpus(str(output))
+
+
+def test_an_interrupted_overwrite_never_looks_complete(corpus, prepared, tmp_path, monkeypatch):
+    """Kill --overwrite after its first deletion of anything but metadata.json: the old
+    configuration's rerun must then either refuse or rebuild, never call the rest complete."""
+    output = _copy_of(prepared, tmp_path)
+
+    class Killed(BaseException):
+        pass
+
+    real_remove = tf.io.gfile.remove
+
+    def remove_then_die(path):
+        real_remove(path)
+        if not str(path).endswith("metadata.json"):
+            raise Killed(path)
+
+    monkeypatch.setattr(tf.io.gfile, "remove", remove_then_die)
+    with pytest.raises(Killed):
+        prepare(_config(corpus, output, seed=7, overwrite=True))
+    monkeypatch.undo()
+    try:
+        prepare(_config(corpus, output))
+    except UserInputError as e:
+        assert "of a different configuration" in str(e)
+    else:
+        prepared_corpus.PreparedCorpus(str(output))  # a rebuild: complete and consistent
+
+
+def test_an_overwrite_keeps_no_file_of_the_old_run(corpus, prepared, tmp_path):
+    output = _copy_of(prepared, tmp_path)
+    prepare(_config(corpus, output, shards=2, overwrite=True))
+    assert sorted(p.name for p in output.glob("*.tfrecord")) == [
+        "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord", "validation-00000-of-00001.tfrecord"]
+
+
+def test_metadata_records_every_shard_size(prepared):
+    config, metadata = prepared
+    files = [name for split in metadata["splits"].values() for name in split["files"]]
+    assert sorted(metadata["shards"]) == sorted(files)
+    for name in files:
+        assert metadata["shards"][name]["bytes"] == os.path.getsize(os.path.join(config.output, name))
+    assert metadata["corpus"]["invalid_utf8_bytes"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs that would mix into or feed something else are refused before anything is written.
+
+def test_output_may_not_be_a_masking_vocabulary_or_inside_an_input(corpus, tmp_path, capsys):
+    vocab_dir = tmp_path / "vocab"
+    vocab_dir.mkdir()
+    for name in ("masking_vocab.txt", "masking_vocab.tsv", "stats.json"):
+        (vocab_dir / name).write_text("x\n")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "a.txt").write_text((corpus["root"] / "a.txt").read_text())
+    cases = [(str(vocab_dir), [], "holds files that `corpus prepare` does not write"),
+             (str(inputs / "data"), [], "lies inside --input"),
+             (str(inputs), ["--overwrite"], "lies inside --input")]
+    for output, extra, message in cases:
+        before = sorted(p.name for p in pathlib.Path(output).parent.rglob("*"))
+        status = cli_main(["corpus", "prepare", "--input", str(inputs), "--output", output, "--wordpiece-size", "200",
+                           "--seq-len", "24", "--no-progress", *extra])
+        err = capsys.readouterr().err
+        assert status == 2 and message in err and err.count("\n") == 1, err
+        assert sorted(p.name for p in pathlib.Path(output).parent.rglob("*")) == before
+
+
+def test_a_sequence_length_no_config_can_train_is_refused(corpus, tmp_path, capsys):
+    status = cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(tmp_path / "data"),
+                       "--seq-len", "1024", "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and "--seq-len 1024: no config can train on it (max_position_embeddings is at most 512" in err
+    assert not (tmp_path / "data").exists()
+
+
+def test_no_progress_prints_no_bars(corpus, tmp_path, capsys):
+    status = cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(tmp_path / "data"),
+                       "--wordpiece-size", "200", "--seq-len", "24", "--shards", "2", "--no-progress"])
+    captured = capsys.readouterr()
+    assert status == 0 and "shards:" not in captured.err and "\r" not in captured.err

@@ -11,6 +11,9 @@ def _config(field: str) -> LibraryDefault:
     return LibraryDefault("preprocess.prepare", "PrepareConfig", field)
 
 
+_CONFIGS = ("tiny", "small", "base", "large")  # the configs/ a --seq-len must fit (max_position_embeddings)
+
+
 def add_parser(subparsers) -> None:
     corpus = subparsers.add_parser(
         "corpus", help="tokenise, segment into masking units and pack a corpus into TFRecord shards",
@@ -44,7 +47,8 @@ def _add_prepare(commands) -> None:
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
                    "frequency=...)")
     p.add_argument("--seq-len", type=int, default=_config("seq_len"),
-                   help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8)")
+                   help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8, at most "
+                   "the longest max_position_embeddings of the configs in configs/)")
     p.add_argument("--validation-fraction", type=float, default=_config("validation_fraction"), metavar="F",
                    help="fraction of documents held out as the validation split, chosen at random with --seed "
                    "(default %(default)s; 0 for none)")
@@ -57,7 +61,9 @@ def _add_prepare(commands) -> None:
     p.add_argument("--workers", type=int, default=1,
                    help="processes writing shards in parallel; does not change the output (default %(default)s)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the files of a different configuration found in --output")
+                   help="replace the files of a different configuration found in --output (a rerun of the "
+                   "same configuration needs none: it checks the shards and rewrites what is missing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
     p.set_defaults(func=run_prepare)
 
@@ -66,10 +72,13 @@ def _add_show(commands) -> None:
     p = commands.add_parser(
         "show", help="print prepared sequences with their masking units bracketed",
         description="Decode a few sequences of a prepared corpus back to words and bracket each multi-word "
-        "masking unit, e.g. `[the united states] [air force] was ...`, to see what will be masked together.")
+        "masking unit, e.g. `[CLS] [the united states] [air force] was ... [SEP]`, to see what will be masked "
+        "together. Rendering: WordPieces are joined into words; a multi-word unit is [w1 w2 ...]; a backslash "
+        "precedes every [ ] or \\ that belongs to a word, so an unescaped bracket always delimits a unit or a "
+        "special token ([CLS], [SEP], which hold no space). The token count includes [CLS] and [SEP].")
     p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`")
     p.add_argument("--split", default="train", choices=["train", "validation"], help="default %(default)s")
-    p.add_argument("--num", type=int, default=3, help="sequences to print (default %(default)s)")
+    p.add_argument("--num", type=int, default=3, help="sequences to print, at least 1 (default %(default)s)")
     p.add_argument("--units", metavar="NAME",
                    help="which masking vocabulary's units to mark (default: every one, one line each)")
     p.set_defaults(func=run_show)
@@ -87,20 +96,34 @@ def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(units)
 
 
+def _check_trainable(seq_len: int) -> None:
+    """A --seq-len no config's model can take would be found only when training starts: say so now."""
+    from pmi_jax.cli.train import load_config
+    from pmi_jax.errors import UserInputError
+
+    longest = max(load_config(name).model.max_position_embeddings for name in _CONFIGS)
+    if seq_len > longest:
+        raise UserInputError(f"--seq-len {seq_len}: no config can train on it (max_position_embeddings is at most "
+                             f"{longest} in configs/{{{','.join(_CONFIGS)}}}.py)")
+
+
 def run_prepare(args: argparse.Namespace) -> int:
+    from pmi_jax import storage
     from preprocess.prepare import PrepareConfig, prepare
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
         wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
-        workers=args.workers, overwrite=args.overwrite)
-    if args.runner:
-        from preprocess import beam_prepare
+        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
+    _check_trainable(config.seq_len)
+    with storage.write_errors(args.output):
+        if args.runner:
+            from preprocess import beam_prepare
 
-        metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
-    else:
-        metadata = prepare(config)
+            metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
+        else:
+            metadata = prepare(config)
     for split, stats in metadata["splits"].items():
         print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
               f"{stats['tokens']} tokens in {stats['shards']} shards")
@@ -118,31 +141,44 @@ def run_show(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
     from pmi_jax.formats import prepared_corpus
 
-    metadata = prepared_corpus.read_metadata(args.data_dir)
-    names = list(metadata["units"])
+    if args.num < 1:
+        raise UserInputError(f"--num {args.num}: must be at least 1")
+    corpus = prepared_corpus.PreparedCorpus(args.data_dir)
+    names = list(corpus.unit_names)
     if args.units is not None and args.units not in names:
         raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "
                              f"{', '.join(names) or 'no vocabulary'}")
     names = [args.units] if args.units else names
-    paths = prepared_corpus.shard_paths(args.data_dir, args.split)
-    if not paths:
-        raise UserInputError(f"--split {args.split}: {args.data_dir} has no {args.split} shards")
-    with tf.io.gfile.GFile(prepared_corpus.vocab_path(args.data_dir), "r") as f:
-        vocab = f.read().split("\n")
-    for i, record in enumerate(tf.data.TFRecordDataset(paths).take(args.num).as_numpy_iterator()):
-        features = prepared_corpus.decode_example(record)
-        tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
-        print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
-        for name in names or [None]:
-            units = features[prepared_corpus.units_feature(name)] if name else features[prepared_corpus.WORD_IDS]
-            print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
+    paths = corpus.files(args.split)
+    vocab = corpus.tokens
+    records = tf.data.TFRecordDataset(paths).take(args.num)
+    try:
+        for i, record in enumerate(records.as_numpy_iterator()):
+            features = prepared_corpus.decode_example(record)
+            tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
+            print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
+            for name in names or [None]:
+                units = features[prepared_corpus.units_feature(name)] if name else features[prepared_corpus.WORD_IDS]
+                print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
+    except (tf.errors.DataLossError, IndexError, KeyError) as e:
+        raise UserInputError(f"{args.data_dir}: a {args.split} shard is damaged ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}); rerun the same `pmi-jax corpus prepare`") from None
     return 0
+
+
+def _escape(word: str) -> str:
+    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
+
+    if word in SPECIAL_TOKENS:
+        return word  # [UNK]: a vocabulary entry, not brackets of the text
+    return word.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
 
 
 def render_sequence(tokens: list[str], word_ids, unit_ids) -> str:
     """Tokens -> text with WordPieces joined into words and each multi-word unit in brackets.
 
-    Special tokens (word id -1) print as themselves; single-word units print bare.
+    Special tokens (word id -1) print as themselves; single-word units print bare; a bracket or
+    backslash inside a word is escaped with a backslash, so the rendering is unambiguous.
     """
     groups: list[tuple[int, list[str]]] = []  # (unit, words of the unit)
     previous_word = None
@@ -159,4 +195,12 @@ def render_sequence(tokens: list[str], word_ids, unit_ids) -> str:
         else:
             groups.append((unit, [token]))
         previous_word = word
-    return " ".join(f"[{' '.join(words)}]" if len(words) > 1 else words[0] for _, words in groups)
+    shown = []
+    for unit, words in groups:
+        if unit < 0:
+            shown.append(words[0])
+        elif len(words) > 1:
+            shown.append("[" + " ".join(map(_escape, words)) + "]")
+        else:
+            shown.append(_escape(words[0]))
+    return " ".join(shown)

@@ -21,9 +21,9 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from preprocess.demo_corpus import iter_demo_documents
 
-    storage.check_new_output(args.output, args.overwrite)
+    storage.check_new_output(args.output, args.overwrite, directory=True)
     count = 0
-    with storage.atomic_directory(args.output, overwrite=True) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=True) as tmp:
         with storage.gfile.GFile(storage.join(tmp, "stdlib_docs.txt"), "w") as f:
             for doc in iter_demo_documents():
                 f.write(doc + "\n\n")

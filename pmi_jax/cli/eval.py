@@ -198,9 +198,7 @@ def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
 def run_perplexity(args: argparse.Namespace) -> int:
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import perplexity
-    from pmi_jax.storage import file_sha256
     from pmi_jax.model import BertForMaskedLM
-    from pmi_jax.formats import prepared_corpus
 
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
@@ -214,21 +212,8 @@ def run_perplexity(args: argparse.Namespace) -> int:
         data_dir = args.data or metadata.get("data_dir")
         if not data_dir:
             raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
-        corpus = prepared_corpus.read_metadata(data_dir)
-        vocab = prepared_corpus.vocab_path(data_dir)
-        if metadata.get("vocab_sha256") and file_sha256(vocab) != metadata["vocab_sha256"]:
-            raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {path} "
-                                 "was trained with (sha256 differs)")
-        with storage.gfile.GFile(vocab, "rb") as f:
-            vocab_size = len(f.read().decode("utf-8").splitlines())
-        if vocab_size != config.vocab_size:
-            raise UserInputError(f"--data {data_dir}: vocab.txt has {vocab_size} tokens, checkpoint {path} "
-                                 f"has vocab_size {config.vocab_size}")
-        seq_len = int(corpus["seq_len"])
-        if seq_len > config.max_position_embeddings:
-            raise UserInputError(f"--data {data_dir}: sequences of {seq_len} tokens, the model takes at most "
-                                 f"{config.max_position_embeddings}")
-        special = corpus["special_ids"]
+        corpus = perplexity.open_corpus_for(data_dir, config, metadata.get("vocab_sha256"), path)
+        seq_len, special = corpus.seq_len, corpus.special_ids
         result = perplexity.single_token_perplexity(
             BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, args.split, args.max_sequences),
             seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],

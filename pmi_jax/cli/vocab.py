@@ -56,8 +56,10 @@ def _add_build(commands) -> None:
     p.add_argument("--memory-mb", type=int, default=_option("memory_mb"),
                    help="n-gram counts held in memory before they spill to disk partitions (default %(default)s)")
     p.add_argument("--tmp-dir", default=None,
-                   help="local directory for the word-id stream and spilled counts (default: $TMPDIR); "
-                   "needs about 16 bytes per corpus word, plus the counts that spill")
+                   help="local directory for the word-id stream and spilled counts (default: a hidden temporary "
+                   "directory beside a local --output, $TMPDIR for gs://); needs about 16 bytes per corpus word, "
+                   "plus the counts that spill; removed at the end, and what a killed run left is removed by the "
+                   "next run")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
@@ -91,22 +93,24 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from pmi_jax import storage
     from preprocess.build_vocab import VocabOptions, build_vocabulary
 
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
                            workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir)
-    if args.runner:
-        from preprocess import beam_vocab
+    with storage.write_errors(args.output):
+        if args.runner:
+            from preprocess import beam_vocab
 
-        stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
-                                            pipeline_options=beam_options.pipeline_options(args))
-    else:
-        from preprocess.malloc_thresholds import large_array_malloc
+            stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                                pipeline_options=beam_options.pipeline_options(args))
+        else:
+            from preprocess.malloc_thresholds import large_array_malloc
 
-        with large_array_malloc():
-            stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
-                                     progress=not args.no_progress)
+            with large_array_malloc():
+                stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                         progress=not args.no_progress)
     per_length = ", ".join(f"{n}-grams {k}" for n, k in stats["selected"].items())
     print(f"wrote {stats['vocabulary_size']} n-grams ({per_length}) to {args.output}: {stats['words']} words in "
           f"{stats['documents']} documents, coverage {stats['coverage']:.1%}, {stats['elapsed_seconds']:.1f} s")
@@ -115,33 +119,20 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
-    from pmi_jax.storage import gfile, join
-    from pmi_jax.formats.masking_vocab import STATS_JSON, TSV_HEADER, VOCAB_TSV
+    from pmi_jax.formats import masking_vocab
 
     if args.top < 1:
         raise UserInputError(f"--top {args.top}: must be at least 1")
-    path = join(args.directory, VOCAB_TSV)
-    if not gfile.exists(path):
-        raise UserInputError(f"{args.directory}: not a vocabulary directory (no {VOCAB_TSV})")
-    with gfile.GFile(path) as f:
-        lines = f.read().split("\n")
-    if lines[0] != TSV_HEADER:
-        raise UserInputError(f"{path}: first line is not the header {TSV_HEADER!r}")
-    by_length: dict[int, list[list[str]]] = {}
-    for line in filter(None, lines[1:]):
-        ngram, n, count, score = line.split("\t")
-        by_length.setdefault(int(n), []).append([ngram, count, score])
-    measure = "score"
-    if gfile.exists(join(args.directory, STATS_JSON)):
-        import json
-
-        with gfile.GFile(join(args.directory, STATS_JSON)) as f:
-            measure = json.load(f).get("measure", measure)
-    for n, rows in sorted(by_length.items()):
-        print(f"{n}-grams: {len(rows)}")
-        width = max(len(r[0]) for r in rows[:args.top])
-        for ngram, count, score in rows[:args.top]:
-            print(f"  {ngram:<{width}}  {measure} {float(score):9.3f}  count {count}")
+    rows = masking_vocab.read_table(args.directory)
+    measure = masking_vocab.read_stats(args.directory).get("measure", "score")
+    by_length: dict[int, list[tuple[str, int, float]]] = {}
+    for ngram, n, count, score in rows:
+        by_length.setdefault(n, []).append((ngram, count, score))
+    for n, entries in sorted(by_length.items()):
+        print(f"{n}-grams: {len(entries)}")
+        width = max(len(e[0]) for e in entries[:args.top])
+        for ngram, count, score in entries[:args.top]:
+            print(f"  {ngram:<{width}}  {measure} {score:9.3f}  count {count}")
     return 0
 
 

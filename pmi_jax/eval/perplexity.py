@@ -39,17 +39,35 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
     """The `input_ids` of each sequence of a prepared corpus split, in shard order."""
     import tensorflow as tf
     from pmi_jax.formats import prepared_corpus
-    from pmi_jax.storage import gfile
 
-    paths = sorted(gfile.glob(prepared_corpus.shard_pattern(data_dir, split)))
-    if not paths:
-        raise UserInputError(f"--data {data_dir}: no {split} shards ({split}-?????-of-?????.tfrecord)")
+    paths = prepared_corpus.PreparedCorpus(data_dir).files(split)
     spec = {prepared_corpus.INPUT_IDS: tf.io.RaggedFeature(dtype=tf.int64, row_splits_dtype=tf.int64)}
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
     for features in dataset.as_numpy_iterator():
         yield features[prepared_corpus.INPUT_IDS]
+
+
+def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint: str):
+    """The prepared corpus at `data_dir`, checked against the model that will score it.
+
+    Its vocab.txt must be the one the checkpoint recorded (sha256) and have the model's
+    vocab_size; its sequences must fit the model's position embeddings.
+    """
+    from pmi_jax.formats import prepared_corpus
+
+    corpus = prepared_corpus.PreparedCorpus(data_dir)
+    if vocab_sha256 and corpus.vocab_sha256 != vocab_sha256:
+        raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {checkpoint} "
+                             "was trained with (sha256 differs)")
+    if corpus.vocab_size != config.vocab_size:
+        raise UserInputError(f"--data {data_dir}: vocab.txt has {corpus.vocab_size} tokens, checkpoint {checkpoint} "
+                             f"has vocab_size {config.vocab_size}")
+    if corpus.seq_len > config.max_position_embeddings:
+        raise UserInputError(f"--data {data_dir}: sequences of {corpus.seq_len} tokens, the model takes at most "
+                             f"{config.max_position_embeddings}")
+    return corpus
 
 
 def _masked_copies(sequences: Iterable[np.ndarray], *, seq_len: int, special_ids, mask_id: int, pad_id: int,

@@ -3,18 +3,19 @@
 A data directory holds
   vocab.txt                                  the WordPiece vocabulary, id = line number
   {split}-{i:05d}-of-{n:05d}.tfrecord        split in ("train", "validation")
-  metadata.json                              written last: its presence means "complete"
+  metadata.json                              written last: the run's record, with each shard's size
 Each record is a `tf.train.Example` for one packed sequence of T <= seq_len tokens, unpadded,
 every feature an int64 list of length T:
   input_ids      [CLS] tok ... [SEP]  (a [SEP] also separates two documents inside a sequence)
   word_ids       whole-word index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
   units_<name>   masking-unit index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
 
-This module is what the training input pipeline imports, so it holds names and codecs only.
+`PreparedCorpus` opens such a directory and checks that it is what its metadata says (every
+shard present with its recorded size, vocab.txt with its recorded hash); every reader opens
+corpora through it. The writer is preprocess/prepare.py.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Mapping, Sequence
 
@@ -54,11 +55,6 @@ def feature_names(unit_names: Sequence[str]) -> list[str]:
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
     return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
-
-
-def shard_pattern(data_dir: str, split: str) -> str:
-    """A glob matching every shard of `split` (tf.io.gfile.glob / tf.data.Dataset.list_files)."""
-    return storage.join(data_dir, f"{split}-?????-of-?????.tfrecord")
 
 
 def feature_spec(unit_names: Sequence[str]) -> dict[str, tf.io.RaggedFeature]:
@@ -109,31 +105,130 @@ def metadata_path(data_dir: str) -> str:
     return storage.join(data_dir, METADATA_FILE)
 
 
+def vocab_path(data_dir: str) -> str:
+    return storage.join(data_dir, VOCAB_FILE)
+
+
 def read_metadata(data_dir: str) -> dict:
-    """The metadata of a complete data directory; a clear error for anything else.
+    """The parsed metadata.json of a data directory, its structure checked; a one-line error otherwise.
 
     Keys: format_version, seq_len, seed, validation_fraction, wordpiece {path, source, sha256,
     size, trained}, special_ids {pad, unk, cls, sep, mask}, units {name: {source, sha256,
     entries, coverage}}, splits {split: {shards, sequences, tokens, documents, files}},
-    corpus {files, documents, sha256}, config_fingerprint.
+    shards {file: {bytes, sequences, tokens, content_tokens, documents, multiword_tokens}},
+    corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint. `shards` and
+    `corpus.invalid_utf8_bytes` are absent from corpora prepared before they were recorded.
     """
     path = metadata_path(data_dir)
     if not storage.gfile.exists(path):
         raise UserInputError(f"{data_dir}: not a prepared corpus (no {METADATA_FILE}; "
                              "run `pmi-jax corpus prepare`, or let an interrupted run finish)")
-    with storage.gfile.GFile(path, "r") as f:
-        metadata = json.load(f)
+    metadata = storage.read_json_object(path, "; rerun `pmi-jax corpus prepare`")
     if metadata.get("format_version") != FORMAT_VERSION:
         raise UserInputError(f"{path}: format_version {metadata.get('format_version')!r}, "
                              f"this pmi-jax reads {FORMAT_VERSION}")
+    check_metadata(metadata, path)
     return metadata
 
 
-def shard_paths(data_dir: str, split: str) -> list[str]:
-    """The shard files of `split` as listed in the metadata (empty for an absent split)."""
-    metadata = read_metadata(data_dir)
-    return [storage.join(data_dir, name) for name in metadata["splits"][split]["files"]]
+def check_metadata(metadata: dict, path: str) -> None:
+    """The fields readers index without looking, checked once, so damage is a one-line error."""
+    def bad(what: str) -> UserInputError:
+        return UserInputError(f"{path}: {what}; rerun `pmi-jax corpus prepare`")
+
+    if not isinstance(metadata.get("seq_len"), int) or metadata["seq_len"] < 1:
+        raise bad(f"seq_len {metadata.get('seq_len')!r} is not a positive integer")
+    special = metadata.get("special_ids")
+    if not isinstance(special, dict) or not all(isinstance(special.get(k), int) for k in SPECIAL_ID_NAMES):
+        raise bad(f"special_ids {special!r} lacks an integer id for one of {', '.join(SPECIAL_ID_NAMES)}")
+    if not isinstance(metadata.get("units", {}), dict):
+        raise bad("units is not an object")
+    splits = metadata.get("splits")
+    if not isinstance(splits, dict) or not all(isinstance(s, dict) and isinstance(s.get("files", []), list)
+                                               for s in splits.values()):
+        raise bad("splits is not an object of {split: {files: [...]}}")
+    for split in splits.values():
+        for name in split.get("files", []):
+            if not isinstance(name, str) or "/" in name or name.startswith("."):
+                raise bad(f"shard name {name!r} is not a file of the directory")
+    if not isinstance(metadata.get("shards", {}), dict):
+        raise bad("shards is not an object")
 
 
-def vocab_path(data_dir: str) -> str:
-    return storage.join(data_dir, VOCAB_FILE)
+SPECIAL_ID_NAMES = ("pad", "unk", "cls", "sep", "mask")
+
+
+def damaged_shards(data_dir: str, metadata: dict) -> dict[str, str]:
+    """{shard file: what is wrong} for the listed shards that are missing or not the size recorded."""
+    recorded = metadata.get("shards", {})
+    damaged = {}
+    for split in metadata["splits"].values():
+        for name in split.get("files", []):
+            path = storage.join(data_dir, name)
+            if not storage.gfile.exists(path):
+                damaged[name] = "missing"
+                continue
+            expected = recorded.get(name, {}).get("bytes")
+            if expected is not None:
+                size = storage.gfile.stat(path).length
+                if size != expected:
+                    damaged[name] = f"{size} bytes, {expected} recorded"
+    return damaged
+
+
+class PreparedCorpus:
+    """A prepared data directory, opened and checked once: the one reader of its metadata and shards.
+
+    Opening checks what a reader would otherwise trip over later, each with a one-line error:
+    metadata.json (present, JSON, its structure), vocab.txt (present, a BERT vocabulary, the
+    sha256, size and special ids that the metadata recorded) and every shard (present, with the
+    size recorded). Training, evaluation, `data` and `corpus show` all list shards through
+    `files`.
+    """
+
+    def __init__(self, data_dir: str):
+        from pmi_jax.formats import wordpiece_vocab
+
+        self.data_dir = data_dir
+        self.metadata = read_metadata(data_dir)
+        self.seq_len = int(self.metadata["seq_len"])
+        self.unit_names = tuple(sorted(self.metadata.get("units", {})))
+        vocab = vocab_path(data_dir)
+        if not storage.gfile.exists(vocab):
+            raise UserInputError(f"{data_dir}: {VOCAB_FILE} is missing; rerun `pmi-jax corpus prepare`")
+        self.tokens = wordpiece_vocab.read_vocab(vocab)
+        self.vocab_sha256 = storage.file_sha256(vocab)
+        recorded = self.metadata.get("wordpiece", {})
+        if recorded.get("sha256") not in (None, self.vocab_sha256):
+            raise UserInputError(f"{vocab}: sha256 {self.vocab_sha256[:12]}..., metadata.json recorded "
+                                 f"{recorded['sha256'][:12]}...: not the vocabulary the shards were written with")
+        if recorded.get("size") not in (None, len(self.tokens)):
+            raise UserInputError(f"{vocab}: {len(self.tokens)} tokens, metadata.json recorded {recorded['size']}")
+        self.special_ids = {name: int(self.metadata["special_ids"][name]) for name in SPECIAL_ID_NAMES}
+        try:
+            found = wordpiece_vocab.special_ids(self.tokens)
+        except KeyError as e:
+            raise UserInputError(f"{vocab}: special token {e.args[0]} missing") from None
+        if found != self.special_ids:
+            raise UserInputError(f"{data_dir}: metadata.json special_ids {self.special_ids} disagree with "
+                                 f"{VOCAB_FILE} {found}")
+        # The splits that hold data, in SPLITS order. (An attribute, not a property: `files` runs
+        # inside tf.data functions, whose AutoGraph conversion mishandles property calls.)
+        self.splits = [s for s in SPLITS if self.metadata["splits"].get(s, {}).get("files")]
+        damaged = damaged_shards(data_dir, self.metadata)
+        if damaged:
+            name, what = next(iter(damaged.items()))
+            raise UserInputError(f"{data_dir}: shard {name} is {what}"
+                                 f"{f' (and {len(damaged) - 1} more)' if len(damaged) > 1 else ''}; "
+                                 "rerun the same `pmi-jax corpus prepare` to rewrite it")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def files(self, split: str) -> list[str]:
+        """The shard paths of `split`, in order; a one-line error for a split without data."""
+        if split not in self.splits:
+            raise UserInputError(f"--split {split}: {self.data_dir} has no such split "
+                                 f"(splits with data: {', '.join(self.splits) or 'none'})")
+        return [storage.join(self.data_dir, name) for name in self.metadata["splits"][split]["files"]]

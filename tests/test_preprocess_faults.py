@@ -1,0 +1,283 @@
+"""Hostile inputs and faults for the preprocessing commands (`vocab`, `corpus`, `demo-corpus`).
+
+Each must end in one line on stderr naming what is wrong, exit status 2, and nothing written:
+no output, no hidden temporaries. docs/reliability.md, "Preprocessing commands", lists them.
+"""
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pmi_jax.cli import main
+from pmi_jax.errors import UserInputError
+
+PHRASES = ["the editor in chief", "new york city", "machine learning", "of the paper", "air force"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("faults")
+    rng = np.random.default_rng(0)
+    docs = [" ".join(str(rng.choice(PHRASES)) for _ in range(12)) + "." for _ in range(60)]
+    (root / "good.txt").write_text("\n\n".join(docs) + "\n")
+    return root
+
+
+def _listing(directory: pathlib.Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def _one_line_error(capsys, status: int, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith("pmi-jax "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def _vocab_build(inputs, output, *extra) -> int:
+    return main(["vocab", "build", "--input", *map(str, inputs), "--output", str(output), "--min-count", "2",
+                 "--size", "20", "--workers", "1", "--no-progress", *extra])
+
+
+def _prepare(inputs, output, *extra) -> int:
+    return main(["corpus", "prepare", "--input", *map(str, inputs), "--output", str(output), "--wordpiece-size",
+                 "150", "--seq-len", "32", "--shards", "2", "--no-progress", *extra])
+
+
+# ---------------------------------------------------------------------------------------------
+# Input that is not what it claims to be.
+
+def _bad_inputs(directory: pathlib.Path) -> dict[str, str]:
+    """{file: the message fragment its error must carry}."""
+    directory.mkdir(exist_ok=True)
+    (directory / "plain.txt.gz").write_text("this is not gzip\n")
+    (directory / "number.jsonl").write_text('{"text": "fine words here"}\n{"text": 42}\n')
+    (directory / "null.jsonl").write_text('{"text": null}\n')
+    (directory / "random.txt").write_bytes(np.random.default_rng(1).integers(0, 256, 100_000, np.uint8).tobytes())
+    return {"plain.txt.gz": "not a readable gzip file",
+            "number.jsonl": "number.jsonl:2: the 'text' field is 42, not a string",
+            "null.jsonl": "null.jsonl:1: the 'text' field is null, not a string",
+            "random.txt": "random.txt: not UTF-8 text"}
+
+
+@pytest.mark.parametrize("command", ["vocab", "corpus"])
+def test_input_that_is_not_text_is_refused(corpus, tmp_path, capsys, command):
+    cases = _bad_inputs(tmp_path / "bad")
+    for name, message in cases.items():
+        run = _vocab_build if command == "vocab" else _prepare
+        status = run([tmp_path / "bad" / name, corpus / "good.txt"], tmp_path / "out")
+        _one_line_error(capsys, status, message)
+        assert _listing(tmp_path) == sorted(["bad", *(f"bad/{n}" for n in cases)])
+
+
+def test_a_few_bad_bytes_in_real_text_are_replaced_and_counted(corpus, tmp_path, capsys):
+    text = (corpus / "good.txt").read_bytes()
+    (tmp_path / "latin1.txt").write_bytes(text.replace(b"chief", b"chi\xe9f", 3))
+    assert _vocab_build([tmp_path / "latin1.txt"], tmp_path / "vocab") == 0
+    stats = json.loads((tmp_path / "vocab" / "stats.json").read_text())
+    assert stats["invalid_utf8_bytes"] == 3
+    assert _prepare([tmp_path / "latin1.txt"], tmp_path / "data") == 0
+    metadata = json.loads((tmp_path / "data" / "metadata.json").read_text())
+    assert metadata["corpus"]["invalid_utf8_bytes"] == 3
+
+
+def test_the_beam_runner_reports_a_bad_json_line_in_one_line(corpus, tmp_path, capsys):
+    _bad_inputs(tmp_path / "bad")
+    status = _vocab_build([tmp_path / "bad" / "number.jsonl"], tmp_path / "out", "--runner", "DirectRunner")
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.endswith("pmi-jax vocab: error: " + f"{tmp_path / 'bad' / 'number.jsonl'}:2: the 'text' field is 42, "
+                        "not a string\n"), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    # A few bad bytes: replaced and counted as the local build counts them.
+    text = (corpus / "good.txt").read_bytes()
+    (tmp_path / "latin1.txt").write_bytes(text.replace(b"chief", b"chi\xe9f", 3))
+    assert _vocab_build([tmp_path / "latin1.txt"], tmp_path / "vocab", "--runner", "DirectRunner") == 0
+    assert json.loads((tmp_path / "vocab" / "stats.json").read_text())["invalid_utf8_bytes"] == 3
+
+
+def test_nonsense_counts_are_refused(corpus, tmp_path, capsys):
+    _one_line_error(capsys, _prepare([corpus / "good.txt"], tmp_path / "data", "--workers", "0"),
+                    "--workers 0: must be at least 1")
+    _one_line_error(capsys, main(["corpus", "show", str(tmp_path), "--num", "-1"]), "--num -1: must be at least 1")
+    assert _listing(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs that cannot be written.
+
+@contextlib.contextmanager
+def _tmpfs(path: pathlib.Path, options: str):
+    """A small tmpfs at `path` (root only, as in the project's containers); skips the test elsewhere."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+COMMANDS = {
+    "vocab build": lambda corpus, out: _vocab_build([corpus / "good.txt"], out),
+    "corpus prepare": lambda corpus, out: _prepare([corpus / "good.txt"], out),
+    "demo-corpus": lambda corpus, out: main(["demo-corpus", "--output", str(out)]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_outputs_that_cannot_be_written(corpus, tmp_path, capsys, command):
+    run = COMMANDS[command]
+    (tmp_path / "file").write_text("keep")
+    _one_line_error(capsys, run(corpus, tmp_path / "file"), "is a file; name a directory")
+    _one_line_error(capsys, run(corpus, tmp_path / "file" / "sub" / "out"), f"{tmp_path / 'file'} is a file")
+    assert (tmp_path / "file").read_text() == "keep"
+    assert _listing(tmp_path) == ["file"]
+    with _tmpfs(tmp_path / "ro", "ro,size=1m") as read_only:
+        _one_line_error(capsys, run(corpus, read_only / "out"), "cannot write", "Read-only file system")
+        assert _listing(read_only) == []
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_full_disk_is_one_line_and_leaves_nothing(corpus, tmp_path, capsys, command):
+    with _tmpfs(tmp_path / "full", "size=256k") as full:
+        with contextlib.suppress(OSError), open(full / "filler", "wb") as f:
+            while True:  # a disk with room for directories and empty files only
+                f.write(b"x" * 4096)
+                f.flush()
+        _one_line_error(capsys, COMMANDS[command](corpus, full / "out"), "No space left on device")
+        assert _listing(full) == ["filler"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged files of a vocabulary or a prepared corpus, for every command that reads them.
+
+@pytest.fixture(scope="module")
+def vocab_dir(corpus, tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("vocab") / "vocab"
+    assert _vocab_build([corpus / "good.txt"], out) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_dir(corpus, vocab_dir, tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("data") / "data"
+    assert _prepare([corpus / "good.txt"], out, "--units", f"pmi={vocab_dir}") == 0
+    return out
+
+
+def _damaged_copy(source: pathlib.Path, copy: pathlib.Path, name: str, change) -> pathlib.Path:
+    """A copy of `source` whose file `name` is deleted (`change` None) or replaced by change(bytes)."""
+    shutil.copytree(source, copy)
+    if change is None:
+        (copy / name).unlink()
+    else:
+        (copy / name).write_bytes(change((copy / name).read_bytes()))
+    return copy
+
+
+VOCAB_DAMAGE = {
+    "corrupted tsv": ("masking_vocab.tsv", lambda b: b + b"half a row\t2\n", "not a row `ngram<TAB>n"),
+    "empty stats": ("stats.json", lambda b: b"", "stats.json: not valid JSON"),
+    "missing txt": ("masking_vocab.txt", None, "no masking_vocab.txt"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(VOCAB_DAMAGE))
+def test_a_damaged_vocabulary_is_one_line(vocab_dir, tmp_path, capsys, damage):
+    name, change, message = VOCAB_DAMAGE[damage]
+    broken = _damaged_copy(vocab_dir, tmp_path / "vocab", name, change)
+    _one_line_error(capsys, main(["vocab", "show", str(broken)]), message)
+
+
+def test_a_damaged_unit_list_is_one_line_for_prepare(corpus, vocab_dir, tmp_path, capsys):
+    broken = tmp_path / "vocab"
+    shutil.copytree(vocab_dir, broken)
+    (broken / "masking_vocab.txt").write_bytes(b"\xff\xfe\x00garbage\n" * 3)
+    status = _prepare([corpus / "good.txt"], tmp_path / "data", "--units", f"pmi={broken}")
+    _one_line_error(capsys, status, f"--units pmi={broken}")
+    assert not (tmp_path / "data").exists()
+
+
+CORPUS_DAMAGE = {
+    "broken metadata": ("metadata.json", lambda b: b[:len(b) // 2], "metadata.json: not valid JSON"),
+    "empty metadata": ("metadata.json", lambda b: b"", "metadata.json: not valid JSON"),
+    "metadata not an object": ("metadata.json", lambda b: b"[1, 2]", "metadata.json: not a JSON object"),
+    "missing vocab": ("vocab.txt", None, "vocab.txt is missing"),
+    "permuted vocab": ("vocab.txt", lambda b: b"\n".join(reversed(b.rstrip(b"\n").split(b"\n"))) + b"\n",
+                       "not the vocabulary the shards were written with"),
+    "truncated shard": ("train-00001-of-00002.tfrecord", lambda b: b[:-5],
+                        "shard train-00001-of-00002.tfrecord is"),
+    "missing shard": ("train-00000-of-00002.tfrecord", None, "shard train-00000-of-00002.tfrecord is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CORPUS_DAMAGE))
+def test_a_damaged_prepared_corpus_is_one_line_for_every_reader(data_dir, tmp_path, capsys, damage):
+    from pmi_jax import tasks
+
+    name, change, message = CORPUS_DAMAGE[damage]
+    broken = _damaged_copy(data_dir, tmp_path / "data", name, change)
+    _one_line_error(capsys, main(["corpus", "show", str(broken)]), message)
+    with pytest.raises(UserInputError, match=message.replace("`", ".").split(" (")[0]):
+        tasks.PreparedCorpus(str(broken))  # what `train`, `data` and `eval` open
+
+
+# ---------------------------------------------------------------------------------------------
+# `corpus show`: an unambiguous rendering.
+
+def test_show_escapes_brackets_inside_words():
+    from pmi_jax.cli.corpus import render_sequence
+
+    tokens = ["[CLS]", "[", "1", "]", "[UNK]", "2", "\\", "[SEP]"]
+    words = [-1, 0, 1, 2, 3, 4, 5, -1]
+    units = [-1, 0, 0, 1, 1, 2, 3, -1]
+    # Units: ("[", "1"), ("]", "[UNK]"), ("2",), ("\",). Unescaped, this would read `[[ 1] [] [UNK]] 2 \`.
+    assert render_sequence(tokens, words, units) == "[CLS] [\\[ 1] [\\] [UNK]] 2 \\\\ [SEP]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kill -9 leaves hidden temporaries only, and the next run of the same output sweeps them.
+
+def test_a_killed_vocab_build_leaves_nothing_after_the_next_run(corpus, tmp_path):
+    """Kill `vocab build` while it holds its spill directory, then rerun: no leftovers anywhere."""
+    import signal
+    import time
+
+    scratch_tmp = tmp_path / "TMPDIR"
+    scratch_tmp.mkdir()
+    out_parent = tmp_path / "outputs"
+    out_parent.mkdir()
+    big = tmp_path / "big.txt"
+    big.write_text(((corpus / "good.txt").read_text() + "\n\n") * 40)
+    env = dict(os.environ, TMPDIR=str(scratch_tmp), PYTHONPATH=os.pathsep.join(sys.path))
+    command = [sys.executable, "-c", "import sys; from pmi_jax.cli import main; sys.exit(main(sys.argv[1:]))",
+               "vocab", "build", "--input", str(big), "--output",
+               str(out_parent / "vocab"), "--min-count", "2", "--size", "20", "--workers", "1", "--no-progress"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            if any(p.is_dir() for p in [*scratch_tmp.iterdir(), *out_parent.iterdir()]):
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    left = [p.name for p in [*scratch_tmp.iterdir(), *out_parent.iterdir()]]
+    assert left, "the kill came after the build finished: nothing was tested"
+    rerun = subprocess.run(command, env=env, capture_output=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
+    assert _listing(scratch_tmp) == [] and [p.name for p in out_parent.iterdir()] == ["vocab"]
