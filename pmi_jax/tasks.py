@@ -53,6 +53,7 @@ from pmi_jax.vocabularies import WordPieceVocabulary
 from pmi_jax.formats import prepared_corpus
 
 SHUFFLE_BUFFER_SIZE = 10_000  # records per shuffle window: ~50 MB of 512-token records
+PREFETCH_BATCHES = 2  # batches made ahead of the trainer: enough to hide a step, bounded across pauses
 MASK_BATCH = 128  # records parsed and masked per op call
 _INTERLEAVED_FILES = 16
 _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
@@ -406,4 +407,22 @@ def get_dataset(
         num_epochs=num_epochs, trim_output_features=False,  # lengths hold by construction
     )
     ds = MlmFeatureConverter(apply_length_check=False)(ds, lengths)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(PREFETCH_BATCHES)
+    return ds.with_options(bounded_options())
+
+
+def bounded_options() -> tf.data.Options:
+    """tf.data options that keep an input pipeline's memory and idle work bounded.
+
+    Training reads in bursts: it stops for checkpoints and evaluation while the iterator
+    stays alive. With autotuning on, tf.data grows its prefetch buffers and parallelism
+    during such pauses (its RAM budget defaults to half the host's memory), so an idle
+    iterator kept working and its RSS kept rising from pause to pause. Without autotuning,
+    `AUTOTUNE` parallelism is a fixed number of threads and each buffer has the size we
+    set; no prefetch is injected behind our back. docs/reliability.md ("Training,
+    evaluation and data commands") gives the measurements.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    return options

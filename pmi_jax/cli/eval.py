@@ -51,7 +51,9 @@ def _add_perplexity(commands) -> None:
     p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
-    p.add_argument("--output", default=None, help="also write the result to this JSON file")
+    p.add_argument("--output", default=None, help="also write the result to this JSON file (written whole under a "
+                   "temporary name, then renamed; its directory must exist)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.set_defaults(func=run_perplexity)
 
 
@@ -90,8 +92,10 @@ def _add_finetune(commands) -> None:
     p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
                    help="SQuAD: answer \"\" when the null score beats the best span by more than this (default: 0)")
     p.add_argument("--output", default=None,
-                   help="directory for results.json and results.md (default: WORKDIR/eval/<task>-step<step> of "
-                        "the checkpoint's training workdir)")
+                   help="directory for results.json and results.md, written together under a temporary name "
+                        "and renamed (default: WORKDIR/eval/<task>-step<step> of the checkpoint's training "
+                        "workdir)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run_finetune)
 
 
@@ -130,6 +134,22 @@ def _read_examples(task, args: argparse.Namespace, split: str) -> list:
         raise UserInputError(f"--tfds {args.tfds}: {str(e).splitlines()[0]}") from None
 
 
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """Resolve the local paths against the directory the command runs in (paths.absolute)."""
+    from pmi_jax import paths
+
+    for name in ("checkpoint", "data", "output", "vocab", "tfds_data_dir"):
+        if getattr(args, name, None):
+            setattr(args, name, paths.absolute(getattr(args, name)))
+
+
+def _check_output(path: str, overwrite: bool, *, directory: bool = False) -> None:
+    from pmi_jax import paths, storage
+
+    storage.check_new_output(path, overwrite)
+    paths.check_output_location(path, directory=directory)
+
+
 def _run_dir(checkpoint: str) -> str:
     """The training workdir of a workdir or of one of its checkpoints/<step> directories."""
     parts = checkpoint.rstrip("/").rsplit("/", 2)
@@ -148,6 +168,9 @@ def run_perplexity(args: argparse.Namespace) -> int:
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
+    _absolute_paths(args)
+    if args.output:
+        _check_output(args.output, args.overwrite)
     _quiet_checkpoint_logs()
     config, params, metadata = checkpoints.restore_for_eval(args.checkpoint)
     data_dir = args.data or metadata.get("data_dir")
@@ -202,9 +225,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     if task.kind == "span":
         task = dataclasses.replace(task, doc_stride=args.doc_stride, max_query_len=args.max_query_len,
                                    null_score_diff_threshold=args.null_score_diff_threshold)
+    _absolute_paths(args)
 
     _quiet_checkpoint_logs()
     config, params, metadata = checkpoints.restore_for_eval(args.checkpoint)
+    output = args.output or storage.join(_run_dir(args.checkpoint), "eval",
+                                         f"{task.name.replace('/', '-')}-step{metadata.get('step')}")
+    _check_output(output, args.overwrite, directory=True)  # before hours of fine-tuning, not after
     vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir") else None)
     if not vocab:
         raise UserInputError(f"checkpoint {args.checkpoint} records no corpus; pass --vocab")
@@ -227,15 +254,13 @@ def run_finetune(args: argparse.Namespace) -> int:
                             epochs=args.epochs or task.epochs, eval_batch_size=args.eval_batch_size)
     result.update({"checkpoint": args.checkpoint, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
                    "data": args.data or f"tfds:{args.tfds}", "max_seq_len": max_seq_len})
-    output = args.output or storage.join(_run_dir(args.checkpoint), "eval",
-                                         f"{task.name.replace('/', '-')}-step{metadata.get('step')}")
-    storage.gfile.makedirs(output)
-    with storage.atomic_file(storage.join(output, "results.json")) as f:
-        f.write(json.dumps(result, indent=2) + "\n")
     title = (f"{task.name} fine-tuning of {args.checkpoint} "
              f"(step {metadata.get('step')}, scheme {metadata.get('scheme')})")
-    with storage.atomic_file(storage.join(output, "results.md")) as f:
-        f.write(finetune.markdown_report(result, title))
+    with storage.atomic_directory(output, overwrite=args.overwrite) as tmp:  # both files or neither
+        with storage.gfile.GFile(storage.join(tmp, "results.json"), "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+        with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
+            f.write(finetune.markdown_report(result, title))
     best = result["best"]
     print(f"{task.name}: best median dev score {best['median']['score']:.2f} (batch size {best['batch_size']}, "
           f"learning rate {best['learning_rate']:g}); results in {output}/results.md")
