@@ -399,8 +399,11 @@ def test_damaged_latest_checkpoint_falls_back_to_the_newest_that_restores(tmp_pa
         checkpoints.restore_for_eval(os.path.join(workdir, "checkpoints", "12"))
 
     caplog.clear()
+    killed_save = os.path.join(workdir, "checkpoints", "16.orbax-checkpoint-tmp")  # what a kill during a save leaves
+    os.makedirs(os.path.join(killed_save, "state"))
     config = _config(*REFERENCE)
     assert train.train(config, workdir, _source(config)).step == 12
+    assert not os.path.exists(killed_save)
     assert re.search(r"skipped checkpoint 12 \(state: .*\): moved to .*unreadable_checkpoints/12; resuming from "
                      r"step 8", caplog.text), caplog.text
     assert os.listdir(os.path.join(workdir, "unreadable_checkpoints")) == ["12"]
