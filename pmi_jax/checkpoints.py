@@ -10,25 +10,36 @@ Layout under `--workdir` (local or gs://):
 Orbax writes each step into a temporary directory and renames it when complete, so a
 killed job never leaves a half-written checkpoint that a restart would pick up. Every
 process calls `save` and `restore` (each writes/reads its own shards).
+
+A complete checkpoint can still be damaged afterwards (a disk error, a truncated copy). A
+resumed run then falls back to the newest checkpoint that restores, and moves each one it
+skipped to `unreadable_checkpoints/<step>` (kept for inspection, out of Orbax's sight: a
+step directory left in place would stop the run when it reaches that step and saves it
+again); evaluation of a workdir falls back the same way without moving anything
+(docs/reliability.md, "Training, evaluation and data commands").
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from pmi_jax import paths
 from pmi_jax.config import CheckpointConfig, ModelConfig, model_config_from_dict
 from pmi_jax.errors import UserInputError
 
 CHECKPOINT_DIR = "checkpoints"
+UNREADABLE_DIR = "unreadable_checkpoints"
 _ITEMS = ("state", "metadata")
 
 
 def checkpoint_dir(workdir: str) -> str:
-    return workdir.rstrip("/") + "/" + CHECKPOINT_DIR
+    return paths.absolute(workdir).rstrip("/") + "/" + CHECKPOINT_DIR
 
 
 class Checkpointer:
@@ -37,13 +48,18 @@ class Checkpointer:
     def __init__(self, workdir: str, config: CheckpointConfig, *, read_only: bool = False):
         _no_replica_parallel_on_cpu()
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=not read_only,
-                                               read_only=read_only, enable_async_checkpointing=True)
+                                               read_only=read_only, enable_async_checkpointing=True,
+                                               cleanup_tmp_directories=not read_only)  # a killed save's leftovers
         self.every_steps = config.every_steps
         self._manager = ocp.CheckpointManager(epath.Path(checkpoint_dir(workdir)), options=options,
                                               item_names=_ITEMS)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Every complete step, newest first."""
+        return sorted(self._manager.all_steps(), reverse=True)
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
@@ -92,64 +108,179 @@ def _no_replica_parallel_on_cpu() -> None:
             jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
 
 
-def check_compatible(workdir: str, model_config: ModelConfig) -> int | None:
-    """The latest step in `workdir`, after checking it holds this very model (else raise)."""
-    path = epath.Path(checkpoint_dir(workdir))
-    if not path.exists():
-        return None
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """A checkpoint that did not restore, and the first line of why."""
+
+    step: int
+    reason: str
+
+
+def _reason(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else ""
+    return f"{type(error).__name__}: {first[:200]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """What a run may resume from: checkpoints whose metadata reads (newest first), checked
+    to hold this model on this vocabulary, and those whose metadata does not read."""
+
+    workdir: str
+    candidates: tuple[int, ...]
+    unreadable: tuple[Unreadable, ...]
+
+
+def _vocab_source(metadata: dict) -> str:
+    if metadata.get("vocab_sha256") is None:
+        return "the synthetic corpus (no vocab.txt)"
+    return f"vocab.txt of {metadata.get('data_dir')}"
+
+
+def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | None, data_dir: str) -> ResumePlan:
+    """Check, before anything is compiled or created, that `workdir` holds this model trained on
+    this vocabulary (`vocab_sha256` of `data_dir`'s vocab.txt, None for synthetic data).
+
+    A vocabulary of the same size with other tokens (a permuted vocab.txt) fits the model's
+    shapes exactly, so only the hash tells the two apart.
+    """
+    plan = ResumePlan(workdir, (), ())
+    if not epath.Path(checkpoint_dir(workdir)).exists():
+        return plan
     checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
-    step = checkpointer.latest_step()
-    if step is None:
+    candidates, unreadable = [], []
+    for step in checkpointer.all_steps():
+        try:
+            saved = checkpointer.metadata(step)
+            saved_model = model_config_from_dict(saved["model"])
+        except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
+            unreadable.append(Unreadable(step, f"metadata: {_reason(e)}"))
+            continue
+        if saved_model != model_config:
+            differences = ", ".join(
+                f"{k}: {getattr(saved_model, k)!r} in the checkpoint vs {getattr(model_config, k)!r} now"
+                for k in saved_model.__dataclass_fields__ if getattr(saved_model, k) != getattr(model_config, k))
+            raise UserInputError(
+                f"--workdir {workdir} holds a checkpoint (step {step}) of a different model ({differences}); "
+                "use a new workdir")
+        if saved.get("vocab_sha256") != vocab_sha256:
+            now = f"vocab.txt of {data_dir}" if vocab_sha256 else "the synthetic corpus (no vocab.txt)"
+            raise UserInputError(
+                f"--workdir {workdir}: checkpoint step {step} was trained on {_vocab_source(saved)} "
+                f"(sha256 {str(saved.get('vocab_sha256'))[:12]}) but this run reads {now} "
+                f"(sha256 {str(vocab_sha256)[:12]}): another vocabulary; use the original corpus or a new workdir")
+        candidates.append(step)
+    checkpointer.close()
+    return ResumePlan(workdir, tuple(candidates), tuple(unreadable))
+
+
+def restore_newest(plan: ResumePlan, target: dict) -> tuple[int, dict, dict] | None:
+    """(step, state, metadata) of the newest candidate that restores into `target`, or None
+    when the workdir holds no checkpoint. Every checkpoint skipped on the way is moved to
+    `unreadable_checkpoints/`, with a warning; if none restores, UserInputError.
+    """
+    if not plan.candidates and not plan.unreadable:
         return None
-    saved = model_config_from_dict(checkpointer.metadata(step)["model"])
-    if saved != model_config:
-        differences = ", ".join(
-            f"{k}: {getattr(saved, k)!r} in the checkpoint vs {getattr(model_config, k)!r} now"
-            for k in saved.__dataclass_fields__ if getattr(saved, k) != getattr(model_config, k))
-        raise UserInputError(
-            f"--workdir {workdir} holds a checkpoint (step {step}) of a different model ({differences}); "
-            "use a new workdir")
-    return step
+    unreadable = list(plan.unreadable)
+    restored = None
+    checkpointer = Checkpointer(plan.workdir, CheckpointConfig(), read_only=True)
+    for step in plan.candidates:
+        try:
+            state, metadata = checkpointer.restore(step, target)
+        except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
+            unreadable.append(Unreadable(step, f"state: {_reason(e)}"))
+            continue
+        restored = step, state, metadata
+        break
+    checkpointer.close()
+    if restored is None:
+        details = "; ".join(f"step {u.step}: {u.reason}" for u in unreadable)
+        raise UserInputError(f"--workdir {plan.workdir}: no checkpoint restores ({details}); move "
+                             f"{checkpoint_dir(plan.workdir)} aside to start over")
+    _set_aside(plan.workdir, unreadable, restored[0])
+    return restored
 
 
-def _locate(workdir_or_step_dir: str) -> tuple[str, int]:
-    """(workdir, step) for a run directory (latest step) or one `checkpoints/<step>` directory."""
-    path = workdir_or_step_dir.rstrip("/")
+def _set_aside(workdir: str, unreadable: list[Unreadable], resumed: int) -> None:
+    """Move unreadable steps out of checkpoints/ (process 0; the others wait for it)."""
+    if not unreadable:
+        return
+    root = paths.absolute(workdir).rstrip("/") + "/" + UNREADABLE_DIR
+    if jax.process_index() == 0:
+        for u in unreadable:
+            source = epath.Path(checkpoint_dir(workdir)) / str(u.step)
+            destination = epath.Path(root) / str(u.step)
+            if destination.exists():
+                destination.rmtree()
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            source.rename(destination)
+            logging.warning("skipped checkpoint %d (%s): moved to %s; resuming from step %d", u.step, u.reason,
+                            destination, resumed)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("pmi_jax.checkpoints: unreadable checkpoints set aside")
+
+
+def _locate(workdir_or_step_dir: str) -> tuple[str, list[int]]:
+    """(workdir, steps to try, newest first): every complete step of a run directory, or the one
+    step of a `checkpoints/<step>` directory."""
+    path = paths.absolute(workdir_or_step_dir).rstrip("/")
     name = os.path.basename(path)
     parent = os.path.dirname(path)
     if name.isdigit() and os.path.basename(parent) == CHECKPOINT_DIR:
-        return os.path.dirname(parent), int(name)
+        if not epath.Path(path).exists():
+            raise UserInputError(f"{workdir_or_step_dir}: no such checkpoint")
+        return os.path.dirname(parent), [int(name)]
     if name == CHECKPOINT_DIR:
         path = parent
     if not epath.Path(checkpoint_dir(path)).exists():
         raise UserInputError(f"{workdir_or_step_dir}: no {CHECKPOINT_DIR}/ directory: not a pmi-jax training workdir")
-    step = Checkpointer(path, CheckpointConfig(), read_only=True).latest_step()
-    if step is None:
+    steps = Checkpointer(path, CheckpointConfig(), read_only=True).all_steps()
+    if not steps:
         raise UserInputError(f"{workdir_or_step_dir}: holds no complete checkpoint")
-    return path, step
+    return path, steps
 
 
 def restore_for_eval(workdir_or_step_dir: str):
     """(ModelConfig, params, metadata) of a checkpoint, parameters only, on the default device.
 
-    `workdir_or_step_dir` is a training `--workdir` (its latest checkpoint is used) or one
-    `…/checkpoints/<step>` directory. `params` is the BertForMaskedLM "params" tree (encoder
-    under params["encoder"]); the optimizer state is not read. `metadata` holds at least
-    step, data_dir, vocab_sha256, vocab_size and scheme.
+    `workdir_or_step_dir` is a training `--workdir` (its newest checkpoint that restores is
+    used; each newer one that does not is named in a warning) or one `…/checkpoints/<step>`
+    directory (that one, or a UserInputError). `params` is the BertForMaskedLM "params" tree
+    (encoder under params["encoder"]); the optimizer state is not read. `metadata` holds at
+    least step, data_dir, vocab_sha256, vocab_size and scheme.
     """
+    workdir, steps = _locate(workdir_or_step_dir)
+    checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
+    unreadable = []
+    try:
+        for step in steps:
+            try:
+                model_config, params, metadata = _restore_params(checkpointer, step)
+            except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
+                unreadable.append(Unreadable(step, _reason(e)))
+                continue
+            for u in unreadable:
+                logging.warning("skipped checkpoint %d of %s (%s); evaluating step %d", u.step, workdir, u.reason, step)
+            return model_config, params, metadata
+    finally:
+        checkpointer.close()
+    details = "; ".join(f"step {u.step}: {u.reason}" for u in unreadable)
+    raise UserInputError(f"{workdir_or_step_dir}: no checkpoint restores ({details})")
+
+
+def _restore_params(checkpointer: Checkpointer, step: int):
     from pmi_jax.model import BertForMaskedLM
 
-    workdir, step = _locate(workdir_or_step_dir)
-    checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
     metadata = checkpointer.metadata(step)
     model_config = model_config_from_dict(metadata["model"])
     abstract_params = abstract_model_params(BertForMaskedLM(model_config))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                                      abstract_params)}
-    params = checkpointer.restore_subtree(step, target)["params"]
-    checkpointer.close()
-    return model_config, params, metadata
+    return model_config, checkpointer.restore_subtree(step, target)["params"], metadata
 
 
 def abstract_model_params(model):

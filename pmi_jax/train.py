@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, metrics, partitioning
+from pmi_jax import checkpoints, metrics, partitioning, paths
 from pmi_jax.config import ExperimentConfig, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM
@@ -72,8 +72,8 @@ def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
     corpus = tasks.PreparedCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
-    return CorpusInfo(data_dir=data_dir, seq_len=corpus.seq_len, vocab_size=corpus.vocabulary.vocab_size,
-                      vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
+    return CorpusInfo(data_dir=paths.absolute(data_dir), seq_len=corpus.seq_len,
+                      vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +289,9 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
 
 
 def validate(config: ExperimentConfig, mesh) -> None:
+    for name in ("batch_size", "num_steps", "log_every_steps"):
+        if getattr(config.train, name) < 1:
+            raise UserInputError(f"train.{name}={getattr(config.train, name)}: must be at least 1")
     batch, accum = config.train.batch_size, config.optimizer.grad_accum_steps
     split = partitioning.batch_axis_size(mesh)
     if accum < 1 or batch % accum:
@@ -302,9 +305,6 @@ def validate(config: ExperimentConfig, mesh) -> None:
         raise UserInputError(
             f"sequence length {config.data.seq_len} exceeds model.max_position_embeddings="
             f"{config.model.max_position_embeddings}")
-    for name in ("num_steps", "log_every_steps"):
-        if getattr(config.train, name) < 1:
-            raise UserInputError(f"train.{name}={getattr(config.train, name)}: must be at least 1")
 
 
 # --------------------------------------------------------------------------------------
@@ -414,7 +414,8 @@ def configure_for_corpus(config: ExperimentConfig, corpus: CorpusInfo) -> Experi
 def checkpoint_metadata(config: ExperimentConfig, corpus: CorpusInfo | None, step: int) -> dict:
     """The JSON saved next to every checkpoint; evaluation checks the vocabulary hash."""
     return {"step": step, "data_position": step, "model": to_dict(config.model), "config": to_dict(config),
-            "data_dir": config.data.data_dir, "scheme": config.data.scheme, "seq_len": config.data.seq_len,
+            "data_dir": corpus.data_dir if corpus else config.data.data_dir, "scheme": config.data.scheme,
+            "seq_len": config.data.seq_len,
             "vocab_size": config.model.vocab_size, "vocab_sha256": corpus.vocab_sha256 if corpus else None,
             "jax_version": jax.__version__, "process_count": jax.process_count()}
 
@@ -436,7 +437,10 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     """
     mesh = partitioning.make_mesh(config.mesh, devices)
     validate(config, mesh)
-    start_step = checkpoints.check_compatible(workdir, config.model) or 0
+    workdir = paths.absolute(workdir)  # Orbax takes absolute paths only
+    resume = checkpoints.plan_resume(workdir, config.model, corpus.vocab_sha256 if corpus else None,
+                                     corpus.data_dir if corpus else config.data.data_dir)
+    start_step = resume.candidates[0] if resume.candidates else 0
     logdir = workdir.rstrip("/") + "/" + TENSORBOARD_DIR
     is_main = jax.process_index() == 0
     if is_main:
@@ -446,15 +450,16 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
 
     with partitioning.activate(mesh, config.mesh):
         program = build_program(config, mesh)
+        restored = checkpoints.restore_newest(resume, program.restore_target())
         checkpointer = checkpoints.Checkpointer(workdir, config.checkpoint)
-        if start_step:
-            restored, saved = checkpointer.restore(start_step, program.restore_target())
-            state = TrainState(**restored)
+        if restored:
+            start_step, state, saved = restored
+            state = TrainState(**state)
             if saved["data_position"] != start_step:
                 raise UserInputError(f"--workdir {workdir}: checkpoint {start_step} has data position "
                                      f"{saved['data_position']}")
         else:
-            state = program.init()
+            start_step, state = 0, program.init()
             if initial_params is not None:
                 state = state.replace(params=place_params(initial_params, program.shardings.params))
         step_fn = program.step

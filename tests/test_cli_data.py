@@ -79,11 +79,12 @@ def test_dump_errors_are_one_line_and_leave_nothing(corpus_dir, tmp_path, capsys
 def test_show_marks_every_selected_unit(corpus_dir, capsys):
     assert main(["data", "show", "--data", corpus_dir, "--scheme", "naive_pmi", "--num", "2", "--seed", "1"]) == 0
     out = capsys.readouterr().out
-    headers = re.findall(r"(\d+) tokens, (\d+) selected in (\d+) units \(budget (\d+)\)", out)
+    headers = re.findall(r"(\d+) tokens \((\d+) maskable\), (\d+) selected in (\d+) units \(budget (\d+)\)", out)
     assert len(headers) == 2
     texts = [line for line in out.splitlines() if line.startswith("[CLS]")]
-    for (num_tokens, selected, units, budget), text in zip(headers, texts, strict=True):
-        assert int(budget) == max(1, 15 * int(num_tokens) // 100)  # 15%, rounded down
+    for (num_tokens, maskable, selected, units, budget), text in zip(headers, texts, strict=True):
+        assert int(budget) == max(1, 15 * int(maskable) // 100)  # 15% of the maskable tokens, rounded down
+        assert int(maskable) < int(num_tokens)  # [CLS] and [SEP] count as tokens, are never masked
         assert 0 < int(selected) <= int(budget)
         marked = re.findall(r"\{([^|}]+)\|([^}]+)\}", text)
         assert len(marked) == int(units)  # each selected unit shown once, as {original|input}
@@ -98,3 +99,59 @@ def test_help_explains_every_option(capsys):
     out = capsys.readouterr().out
     for option in ("--data", "--scheme", "--num", "--seed", "--split", "--shuffle", "--output", "--overwrite"):
         assert option in out
+
+
+def test_show_counts_tokens_as_corpus_show_does(corpus_dir, capsys):
+    """`data show` and `corpus show` give the same token count for the same sequence (both count
+    [CLS] and [SEP]); `data show` adds how many of them may be masked."""
+    assert main(["data", "show", "--data", corpus_dir, "--scheme", "whole_word", "--num", "1"]) == 0
+    data_count, maskable = map(int, re.search(r": (\d+) tokens \((\d+) maskable\)", capsys.readouterr().out).groups())
+    assert main(["corpus", "show", corpus_dir, "--num", "1"]) == 0
+    corpus_count = int(re.search(r"sequence 0: (\d+) tokens", capsys.readouterr().out).group(1))
+    first = read_prepared_split(corpus_dir, "train")[0]
+    assert data_count == corpus_count == len(first["input_ids"])
+    assert maskable == int((first["input_ids"] > 4).sum())  # ids 0-4 are the special tokens
+
+
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pmi-jax data: error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_bad_outputs_and_splits_fail_before_any_work(corpus_dir, tmp_path, capsys):
+    bare = str(tmp_path / "bare")
+    write_prepared_corpus(bare, sequences={"train": 4}, shards={"train": 1}, seq_len=48, seed=1)
+    assert main(["data", "show", "--data", bare, "--scheme", "whole_word", "--split", "validation"]) == 2
+    _one_line_error(capsys, "--split validation", "has no such split")
+
+    missing_parent = tmp_path / "no" / "such" / "x.jsonl"
+    assert _dump(corpus_dir, missing_parent) == 2
+    _one_line_error(capsys, str(tmp_path / "no" / "such"), "does not exist")
+    directory = tmp_path / "a_directory"
+    directory.mkdir()
+    assert _dump(corpus_dir, directory, "--overwrite") == 2
+    _one_line_error(capsys, "is a directory")
+    assert list(directory.iterdir()) == []
+
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        place = read_only if not os.access(read_only, os.W_OK) else "/sys"  # root writes anywhere but /sys
+        if not os.path.isdir(place):
+            pytest.skip("no read-only directory to try")
+        assert _dump(corpus_dir, os.path.join(place, "x.jsonl")) == 2
+        _one_line_error(capsys, "cannot write in")
+    finally:
+        read_only.chmod(0o755)
+    assert sorted(os.listdir(tmp_path)) == ["a_directory", "bare", "read_only"]
+
+
+def test_relative_paths_resolve_against_the_working_directory(corpus_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    relative_data = os.path.relpath(corpus_dir, tmp_path)
+    assert main(["data", "dump", "--data", relative_data, "--scheme", "pmi", "--num", "2", "--output", "d.jsonl"]) == 0
+    assert f"to {tmp_path / 'd.jsonl'}" in capsys.readouterr().out
+    assert len(_lines(tmp_path / "d.jsonl")) == 2

@@ -159,3 +159,62 @@ def test_finetune_config_errors_are_one_line(two_step_run, tmp_path, capsys, arg
     assert main(["eval", "finetune", "--checkpoint", two_step_run, "--task", "glue/rte", "--data", data, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_existing_outputs_need_overwrite(corpus_checkpoint, glue_checkpoint, tmp_path, capsys):
+    output = tmp_path / "ppl.json"
+    output.write_text("keep\n")
+    perplexity = ["eval", "perplexity", "--checkpoint", corpus_checkpoint, "--positions", "1", "--output", str(output)]
+    assert main(perplexity) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists (pass --overwrite" in err and output.read_text() == "keep\n"
+    assert main(perplexity + ["--overwrite"]) == 0
+    assert json.loads(output.read_text())["step"] == 7
+
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(4)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "results.json").write_text("{}\n")
+    finetune = ["eval", "finetune", "--checkpoint", glue_checkpoint, "--task", "glue/rte", "--data", data,
+                "--batch-sizes", "4", "--learning-rates", "1e-4", "--seeds", "1", "--epochs", "1", "--max-seq-len", "16",
+                "--output", str(results)]
+    assert main(finetune) == 2
+    assert "already exists (pass --overwrite" in capsys.readouterr().err
+    assert (results / "results.json").read_text() == "{}\n"
+    assert main(finetune + ["--overwrite"]) == 0
+    assert sorted(os.listdir(results)) == ["results.json", "results.md"]
+    assert json.loads((results / "results.json").read_text())["task"] == "glue/rte"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []  # no temporaries left
+
+
+def test_binary_glue_file_is_a_one_line_error(glue_checkpoint, tmp_path, capsys):
+    rows = [(a, "it was", y) for a, y in eval_data.sentiment(2)]
+    data = eval_data.write_rte(str(tmp_path / "RTE"), rows, rows)
+    for name, content in (("utf8", bytes(range(256)) * 64), ("nul", b"index\tsentence1\x00\n" * 8)):
+        with open(os.path.join(data, "train.tsv"), "wb") as f:
+            f.write(content)
+        output = tmp_path / f"out-{name}"
+        assert main(["eval", "finetune", "--checkpoint", glue_checkpoint, "--task", "glue/rte", "--data", data,
+                     "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "train.tsv: not a" in err and "text TSV" in err, err
+        assert not output.exists()
+
+
+def test_evaluation_skips_a_damaged_latest_checkpoint(corpus, tmp_path, capsys, caplog):
+    import shutil
+
+    workdir = str(tmp_path / "run")
+    sha = file_sha256(os.path.join(corpus, "vocab.txt"))
+    _checkpoint(workdir, len(prepared_data.vocabulary()), corpus, sha)  # step 7
+    config = dataclasses.replace(eval_data.tiny_config(), vocab_size=len(prepared_data.vocabulary()))
+    eval_data.save_checkpoint(workdir, config, eval_data.mlm_params(config), data_dir=corpus, vocab_sha256=sha,
+                              step=9)
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "9", "state", "ocdbt.process_0"))
+    assert main(["eval", "perplexity", "--checkpoint", workdir, "--positions", "1"]) == 0
+    assert "checkpoint step 7" in capsys.readouterr().out
+    assert "skipped checkpoint 9" in caplog.text
+    assert main(["eval", "perplexity", "--checkpoint", os.path.join(workdir, "checkpoints", "9")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no checkpoint restores (step 9: " in err

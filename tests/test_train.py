@@ -7,6 +7,7 @@ takes its steps in seconds.
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -294,3 +295,147 @@ def test_device_peaks_and_mfu():
     assert per_token == 6 * 108_965_376 + 12 * 12 * 512 * 768
     assert metrics.mfu(per_token, 1e6, 8, 989e12) == pytest.approx(per_token * 1e6 / (8 * 989e12))
     assert metrics.mfu(per_token, 1e6, 8, None) is None
+
+
+# ---------------------------------------------------------------- paths, vocabulary, damaged checkpoints
+
+
+def _sets(*overrides):
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+CORPUS_RUN = [o for o in SMALL if not o.startswith("model.vocab_size")] + [
+    "model.vocab_size=0", "model.num_layers=1", "train.num_steps=2", "checkpoint.every_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def corpus_run(tmp_path_factory):
+    """`pmi-jax train` on a prepared corpus, both paths given relative to a working directory
+    that is neither the corpus's nor the run's parent: (corpus dir, run dir), both absolute."""
+    from pmi_jax.cli import main
+    from tests.prepared_data import write_prepared_corpus
+
+    root = tmp_path_factory.mktemp("relative")
+    corpus = root / "corpus"
+    write_prepared_corpus(str(corpus), sequences={"train": 40, "validation": 6}, shards={"train": 1, "validation": 1},
+                          seq_len=32)
+    (root / "cwd").mkdir()
+    previous = os.getcwd()
+    os.chdir(root / "cwd")
+    try:
+        assert main(["train", "--config", "tiny", "--data", "../corpus", "--workdir", "runs/rel", "--scheme",
+                     "whole_word", *_sets(*CORPUS_RUN)]) == 0
+    finally:
+        os.chdir(previous)
+    return str(corpus), str(root / "cwd" / "runs" / "rel")
+
+
+def test_relative_paths_train_and_evaluate_from_anywhere(corpus_run, tmp_path, monkeypatch, capsys):
+    """Orbax refuses relative paths; the run records absolute ones, so `eval` run from another
+    directory finds the corpus the checkpoint was trained on."""
+    from pmi_jax.cli import main
+
+    corpus, run = corpus_run
+    assert os.listdir(os.path.join(run, "checkpoints")) == ["2"]
+    metadata = checkpoints.restore_for_eval(run)[2]
+    assert metadata["data_dir"] == corpus and metadata["config"]["data"]["data_dir"] == corpus
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["eval", "perplexity", "--checkpoint", os.path.relpath(run, elsewhere), "--positions", "2",
+                 "--output", "ppl.json"]) == 0
+    with open(elsewhere / "ppl.json") as f:
+        result = json.load(f)
+    assert result["data"] == corpus and result["checkpoint"] == run and result["step"] == 2
+
+
+def _permuted_copy(corpus, destination):
+    """The corpus with the non-special lines of its vocab.txt reversed: same size, other tokens."""
+    import shutil
+
+    shutil.copytree(corpus, destination)
+    path = os.path.join(destination, "vocab.txt")
+    with open(path) as f:
+        lines = f.read().splitlines()
+    with open(path, "w") as f:
+        f.write("\n".join(lines[:5] + lines[5:][::-1]) + "\n")
+    return str(destination)
+
+
+def test_resume_refuses_a_vocabulary_of_the_same_size_with_other_tokens(corpus_run, tmp_path, capsys):
+    from pmi_jax.cli import main
+
+    corpus, run = corpus_run
+    other = _permuted_copy(corpus, tmp_path / "permuted")
+    assert main(["train", "--config", "tiny", "--data", other, "--workdir", run, "--scheme", "whole_word",
+                 *_sets(*CORPUS_RUN, "train.num_steps=4")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another vocabulary" in err, err
+    assert f"vocab.txt of {corpus} (sha256 " in err and f"vocab.txt of {other} (sha256 " in err
+    assert os.listdir(os.path.join(run, "checkpoints")) == ["2"]  # nothing trained, nothing saved
+
+
+def _truncate(directory, *, only=None):
+    """Cut every file under `directory` (or those whose name is `only`) to half its size."""
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if only in (None, name):
+                path = os.path.join(root, name)
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_newest_that_restores(tmp_path, reference, caplog):
+    """Step 12's arrays truncated: the run resumes from step 8, moves 12 aside, and steps 9-12
+    repeat the uninterrupted run's losses exactly; evaluation falls back the same way."""
+    import shutil
+
+    workdir = str(tmp_path / "damaged")
+    shutil.copytree(reference, workdir)
+    _truncate(os.path.join(workdir, "checkpoints", "12", "state"), only=None)
+    assert checkpoints.restore_for_eval(workdir)[2]["step"] == 8
+    assert "skipped checkpoint 12" in caplog.text
+    with pytest.raises(UserInputError, match=r"checkpoints/12: no checkpoint restores \(step 12: "):
+        checkpoints.restore_for_eval(os.path.join(workdir, "checkpoints", "12"))
+
+    caplog.clear()
+    killed_save = os.path.join(workdir, "checkpoints", "16.orbax-checkpoint-tmp")  # what a kill during a save leaves
+    os.makedirs(os.path.join(killed_save, "state"))
+    config = _config(*REFERENCE)
+    assert train.train(config, workdir, _source(config)).step == 12
+    assert not os.path.exists(killed_save)
+    assert re.search(r"skipped checkpoint 12 \(state: .*\): moved to .*unreadable_checkpoints/12; resuming from "
+                     r"step 8", caplog.text), caplog.text
+    assert os.listdir(os.path.join(workdir, "unreadable_checkpoints")) == ["12"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "8"]
+    assert _losses(workdir) == _losses(reference)
+    assert checkpoints.restore_for_eval(workdir)[2]["step"] == 12
+
+
+def test_no_checkpoint_restores_is_a_one_line_error(tmp_path, reference):
+    import shutil
+
+    workdir = str(tmp_path / "ruined")
+    shutil.copytree(reference, workdir)
+    _truncate(os.path.join(workdir, "checkpoints", "12", "state"))
+    _truncate(os.path.join(workdir, "checkpoints", "8"), only="metadata")
+    config = _config(*REFERENCE)
+    with pytest.raises(UserInputError) as error:
+        train.train(config, workdir, _source(config))
+    message = str(error.value)
+    assert "\n" not in message and "no checkpoint restores (step 8: metadata: JSONDecodeError" in message
+    assert "step 12: state: " in message
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "8"]  # nothing moved or written
+    with pytest.raises(UserInputError, match="no checkpoint restores"):
+        checkpoints.restore_for_eval(workdir)
+
+
+def test_zero_batch_size_is_refused_before_anything_is_created(tmp_path, capsys):
+    from pmi_jax.cli import main
+
+    workdir = tmp_path / "w"
+    assert main(["train", "--config", "tiny", "--data", "synthetic", "--workdir", str(workdir),
+                 *_sets(*SMALL, "train.batch_size=0")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.batch_size=0: must be at least 1" in err
+    assert not workdir.exists()

@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
 from pmi_jax import metrics, train
 from pmi_jax.cli.train import load_config
@@ -27,6 +29,69 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Two processes that each import JAX and compile the step share a loaded 2-core machine with
+# everything else: minutes are normal there. A hung process (a peer died, a barrier never met)
+# is killed at the deadline and the test fails with both processes' output.
+PROCESS_TIMEOUT_S = 1200
+
+
+def _wait_all(processes, logs, timeout_s):
+    """Wait for every process; fail with all their output, after killing the rest, as soon as
+    one exits with an error (its peers would wait for it forever) or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    problem = None
+    try:
+        while problem is None and any(p.poll() is None for p in processes):
+            if any(p.poll() not in (None, 0) for p in processes):
+                problem = "a process failed"
+            elif time.monotonic() > deadline:
+                problem = f"processes still running after {timeout_s} s"
+            else:
+                time.sleep(0.5)
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if problem is None and all(p.returncode == 0 for p in processes):
+        return [log.read_text() for log in logs]
+    tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
+                      for i, (p, log) in enumerate(zip(processes, logs)))
+    pytest.fail(f"{problem or 'a process failed'}; all killed:\n{tails}")
+
+
+def _wait_for_text(log, text, timeout_s=300):
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"{log} never showed {text!r}"
+        time.sleep(0.2)
+
+
+def test_a_hung_or_failed_process_fails_the_test_with_every_output(tmp_path):
+    """The harness itself: a process that never ends, or one that fails while its peer waits
+    for it, ends the test with both outputs instead of hanging the suite."""
+    scripts = ["print('waiting for my peer', flush=True); import time; time.sleep(600)",
+               "print('I give up', flush=True); raise SystemExit(3)"]
+    logs = [tmp_path / f"p{i}.log" for i in range(2)]
+    processes = []
+    for script, log in zip(scripts, logs):
+        with open(log, "w") as out:
+            processes.append(subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT))
+    _wait_for_text(logs[0], "waiting for my peer")  # started, however loaded the machine
+    with pytest.raises(pytest.fail.Exception) as failure:
+        _wait_all(processes, logs, timeout_s=300)
+    message = str(failure.value)
+    assert "waiting for my peer" in message and "I give up" in message and "(exit 3)" in message
+    assert all(p.poll() is not None for p in processes)
+
+    logs = logs[:1]
+    with open(logs[0], "w") as out:
+        processes = [subprocess.Popen([sys.executable, "-c", scripts[0]], stdout=out, stderr=subprocess.STDOUT)]
+    _wait_for_text(logs[0], "waiting for my peer")
+    with pytest.raises(pytest.fail.Exception, match=r"still running after 2 s(.|\n)*waiting for my peer"):
+        _wait_all(processes, logs, timeout_s=2)
+
+
 def _losses(workdir):
     records = metrics.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
     return [records[s]["loss"] for s in sorted(records)]
@@ -42,18 +107,15 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     cli = os.path.join(os.path.dirname(sys.executable), "pmi-jax")
     sets = [arg for o in OVERRIDES for arg in ("--set", o)]
-    processes = [
-        subprocess.Popen([cli, "train", "--config", "tiny", "--data", "synthetic", "--workdir", workdir, *sets,
-                          "--coordinator-address", f"localhost:{port}", "--num-processes", "2", "--process-id",
-                          str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)]
-    try:
-        outputs = [p.communicate(timeout=300)[0] for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
-    for p, out in zip(processes, outputs):
-        assert p.returncode == 0, out[-3000:]
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]
+    processes = []
+    for i, log in enumerate(logs):
+        with open(log, "w") as out:  # a file, not a pipe: readable after a kill, never blocks the child
+            processes.append(subprocess.Popen(
+                [cli, "train", "--config", "tiny", "--data", "synthetic", "--workdir", workdir, *sets,
+                 "--coordinator-address", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+    outputs = _wait_all(processes, logs, PROCESS_TIMEOUT_S)  # exit 0 each, or the test fails with both outputs
     assert "step 4 " in outputs[0] and "step 4 " not in outputs[1]  # metrics from process 0 only
     np.testing.assert_allclose(_losses(workdir), _losses(single), rtol=1e-6)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]

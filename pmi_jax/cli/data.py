@@ -12,7 +12,8 @@ from pmi_jax.config import SCHEMES, UNIT_SCHEMES
 
 
 def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) -> None:
-    p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`)")
+    p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`; local "
+                   "or gs://)")
     p.add_argument("--scheme", required=True, choices=SCHEMES, help=f"masking scheme; the PMI family "
                    f"({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
@@ -45,7 +46,8 @@ def add_parser(subparsers) -> None:
         "tokens: units measured in words) and the example's shard, position and epoch.",
     )
     _add_example_options(dump, default_num=None)
-    dump.add_argument("--output", required=True, help="JSON-lines file to write (local or gs://)")
+    dump.add_argument("--output", required=True, help="JSON-lines file to write (local or gs://), written whole "
+                      "under a temporary name and renamed; its directory must exist")
     dump.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     dump.set_defaults(func=run_dump)
 
@@ -68,6 +70,7 @@ def _examples(args: argparse.Namespace):
 
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
+    tasks.PreparedCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
     (name,) = tasks.register_corpus("data", args.data, [args.scheme])
     task = seqio.get_mixture_or_task(name)
     ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)
@@ -80,12 +83,22 @@ def _examples(args: argparse.Namespace):
     return task.output_features["inputs"].vocabulary, unpadded(ds.take(args.num).as_numpy_iterator())
 
 
+def _absolute_paths(args: argparse.Namespace) -> None:
+    from pmi_jax import paths
+
+    args.data = paths.absolute(args.data)
+    if getattr(args, "output", None):
+        args.output = paths.absolute(args.output)
+
+
 def run_dump(args: argparse.Namespace) -> int:
     import json
 
-    from pmi_jax import storage
+    from pmi_jax import paths, storage
 
+    _absolute_paths(args)
     storage.check_new_output(args.output, args.overwrite)
+    paths.check_output_location(args.output)
     _, examples = _examples(args)
     count = 0
     with storage.atomic_file(args.output) as f:
@@ -130,14 +143,18 @@ def render(targets, inputs, weights, units, vocab_tokens: list[str]) -> str:
 def run_show(args: argparse.Namespace) -> int:
     from pmi_jax.masking import masking_budget
 
+    _absolute_paths(args)
     vocab, examples = _examples(args)
     print(f"{args.scheme} masking of {args.data} ({args.split}, seed {args.seed}); "
-          "a selected unit is shown as {original|input}")
+          "a selected unit is shown as {original|input}; the masking budget is 15% of the maskable tokens")
     for ex in examples:
-        tokens = int((ex["units"] >= 0).sum())  # units are -1 exactly on special tokens
+        # Every token of the sequence, as `corpus show` counts them; the special ones ([CLS], [SEP],
+        # where units are -1) are never masked, so the budget counts the others.
+        tokens = len(ex["targets"])
+        maskable = int((ex["units"] >= 0).sum())
         selected = int(ex["weights"].sum())
         units = len(set(ex["units"][ex["weights"] > 0].tolist()))
-        print(f"\nshard {ex['shard']} position {ex['position']} epoch {ex['epoch']}: {tokens} tokens, "
-              f"{selected} selected in {units} units (budget {int(masking_budget(tokens))})")
+        print(f"\nshard {ex['shard']} position {ex['position']} epoch {ex['epoch']}: {tokens} tokens "
+              f"({maskable} maskable), {selected} selected in {units} units (budget {int(masking_budget(maskable))})")
         print(render(ex["targets"], ex["inputs"], ex["weights"], ex["units"], vocab.tokens))
     return 0

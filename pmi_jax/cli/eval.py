@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval.protocols import PROTOCOLS
@@ -67,7 +68,9 @@ def _add_perplexity(commands) -> None:
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
     _add_steps(p)
     p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
-                   "only); the result is always written to RUN/eval/perplexity-<split>-step<N>.json")
+                   "only; written whole under a temporary name, then renamed); the result is always written to "
+                   "RUN/eval/perplexity-<split>-step<N>.json")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.set_defaults(func=run_perplexity)
 
 
@@ -124,8 +127,10 @@ def _add_finetune(commands) -> None:
     p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
                    help="SQuAD: answer \"\" when the null score beats the best span by more than this (default: 0)")
     p.add_argument("--output", default=None,
-                   help="directory for results.json and results.md (default: RUN/eval/<task>-<protocol>-step<N> "
-                        "of the checkpoint's training run; with several --steps, one step<N>/ folder each)")
+                   help="directory for results.json and results.md, written together under a temporary name "
+                        "and renamed (default: RUN/eval/<task>-<protocol>-step<N> of the checkpoint's training "
+                        "run; with several --steps, one step<N>/ folder each)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run_finetune)
 
 
@@ -162,6 +167,22 @@ def _read_examples(task, args: argparse.Namespace, split: str) -> list:
         return task.read_tfds(args.tfds, split, args.tfds_data_dir)
     except (ValueError, AssertionError) as e:  # TFDS: no such dataset, or not downloaded and prepared
         raise UserInputError(f"--tfds {args.tfds}: {str(e).splitlines()[0]}") from None
+
+
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """Resolve the local paths against the directory the command runs in (paths.absolute)."""
+    from pmi_jax import paths
+
+    for name in ("checkpoint", "data", "output", "vocab", "tfds_data_dir"):
+        if getattr(args, name, None):
+            setattr(args, name, paths.absolute(getattr(args, name)))
+
+
+def _check_output(path: str, overwrite: bool, *, directory: bool = False) -> None:
+    from pmi_jax import paths, storage
+
+    storage.check_new_output(path, overwrite)
+    paths.check_output_location(path, directory=directory)
 
 
 def _run_dir(checkpoint: str) -> str:
@@ -203,6 +224,9 @@ def run_perplexity(args: argparse.Namespace) -> int:
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
+    _absolute_paths(args)
+    if args.output:
+        _check_output(args.output, args.overwrite)
     _quiet_checkpoint_logs()
     paths = _checkpoints(args.checkpoint, args.steps)
     if args.output and len(paths) > 1:
@@ -272,12 +296,25 @@ def run_finetune(args: argparse.Namespace) -> int:
     if task.kind == "span":
         task = dataclasses.replace(task, doc_stride=args.doc_stride, max_query_len=args.max_query_len,
                                    null_score_diff_threshold=args.null_score_diff_threshold)
+    _absolute_paths(args)
 
     _quiet_checkpoint_logs()
     paths = _checkpoints(args.checkpoint, args.steps)
+
+    def output_for(path: str, step) -> str:
+        if args.output:
+            return args.output if len(paths) == 1 else storage.join(args.output, f"step{step}")
+        return storage.join(_run_dir(path), "eval", f"{task.name.replace('/', '-')}-{settings.protocol}-step{step}")
+
+    if len(paths) > 1:  # every output checked before hours of fine-tuning, not after
+        for path in paths:
+            _check_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
         config, params, metadata = checkpoints.restore_for_eval(path)
+        step = metadata.get("step")
+        output = output_for(path, step)
+        _check_output(output, args.overwrite, directory=True)
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
                                    else None)
@@ -303,25 +340,19 @@ def run_finetune(args: argparse.Namespace) -> int:
         result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
                                               dataclasses.replace(settings, max_seq_len=max_seq_len),
                                               encoded.get("test"))
-        step = metadata.get("step")
         result.update({"checkpoint": path, "step": step, "scheme": metadata.get("scheme"),
                        "data": args.data or f"tfds:{args.tfds}", "test_data": args.test_data,
                        "max_seq_len": max_seq_len})
-        if args.output:
-            output = args.output if len(paths) == 1 else storage.join(args.output, f"step{step}")
-        else:
-            output = storage.join(_run_dir(path), "eval",
-                                  f"{task.name.replace('/', '-')}-{settings.protocol}-step{step}")
-        storage.gfile.makedirs(output)
         test_outputs = result.pop("test_outputs", None)
-        if test_outputs is not None:
-            result["test_predictions"] = task.write_predictions(test_outputs, encoded["test"], examples["test"],
-                                                                output)
-        with storage.atomic_file(storage.join(output, "results.json")) as f:
-            f.write(json.dumps(result, indent=2) + "\n")
         title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})"
-        with storage.atomic_file(storage.join(output, "results.md")) as f:
-            f.write(finetune.markdown_report(result, title))
+        with storage.atomic_directory(output, overwrite=args.overwrite) as tmp:  # every file or none
+            if test_outputs is not None:
+                written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
+                result["test_predictions"] = [storage.join(output, os.path.basename(w)) for w in written]
+            with storage.gfile.GFile(storage.join(tmp, "results.json"), "w") as f:
+                f.write(json.dumps(result, indent=2) + "\n")
+            with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
+                f.write(finetune.markdown_report(result, title))
         best = result["best"]
         test = f"; test {best['test']['score']:.2f}" if "test" in best else ""
         print(f"{task.name} step {step} ({settings.protocol} protocol): dev {result['metric']} "

@@ -36,7 +36,8 @@ def add_parser(subparsers) -> None:
                              "masking vocabulary in the corpus). Default: the config's")
     parser.add_argument("--workdir", required=True,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
-                             "checkpoint of the same model is resumed")
+                             "checkpoint of the same model and vocabulary is resumed (the newest one that restores; "
+                             "a damaged one is moved to unreadable_checkpoints/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field, e.g. --set model.num_layers=4 --set train.batch_size=64 "
                              "--set mesh.model=2 (repeatable)")
@@ -106,6 +107,7 @@ def run(args) -> int:
     for noisy in ("absl", "jax"):  # Orbax's per-save INFO lines and JAX's backend probing drown the metrics
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    from pmi_jax import paths
     from pmi_jax.config import apply_overrides
 
     config = load_config(args.config)
@@ -118,8 +120,10 @@ def run(args) -> int:
         pretrained = huggingface.read_pretrained(args.init_from)
         config = dataclasses.replace(config, model=huggingface.resolve_model_config(
             config.model, pretrained.fields, overrides, args.config, args.init_from))
-    data = dataclasses.replace(config.data, data_dir=args.data if args.data is not None else config.data.data_dir,
-                               scheme=args.scheme or config.data.scheme)
+    data_dir = args.data if args.data is not None else config.data.data_dir
+    if data_dir and data_dir != SYNTHETIC:
+        data_dir = paths.absolute(data_dir)  # recorded in the checkpoints, read by `eval` from anywhere
+    data = dataclasses.replace(config.data, data_dir=data_dir, scheme=args.scheme or config.data.scheme)
     train_config = config.train if args.peak_flops is None else dataclasses.replace(
         config.train, peak_flops=args.peak_flops)
     config = dataclasses.replace(config, data=data, train=train_config)
@@ -147,7 +151,7 @@ def run(args) -> int:
     # Read (and check) the weights before anything is written, even when the run will resume instead.
     initial_params = huggingface.initial_params(pretrained, config.model) if pretrained is not None else None
     try:
-        result = train.train(config, args.workdir, source, corpus, initial_params=initial_params)
+        result = train.train(config, paths.absolute(args.workdir), source, corpus, initial_params=initial_params)
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

@@ -139,7 +139,13 @@ class GlueTask:
         if not gfile.exists(path):
             raise UserInputError(f"GLUE {self.folder}: missing {path}")
         with gfile.GFile(path, "rb") as f:
-            text = f.read().decode("utf-8-sig")
+            data = f.read()
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise UserInputError(f"{path}: not a UTF-8 text TSV (byte {e.start}: {e.reason})") from None
+        if "\0" in text:
+            raise UserInputError(f"{path}: not a text TSV (NUL byte at character {text.index(chr(0))})")
         with csv_field_size_limit(_FIELD_SIZE_LIMIT):
             rows = iter(list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)))
         columns = list(self.text_columns) + [self.label_column]
