@@ -131,6 +131,8 @@ def check_new_output(path: str, overwrite: bool, directory: bool = False) -> Non
     if gfile.exists(path):
         if directory and not gfile.isdir(path):
             raise UserInputError(f"--output {path}: is a file; name a directory")
+        if not directory and gfile.isdir(path):
+            raise UserInputError(f"--output {path}: is a directory; name a file")
         if not overwrite:
             raise existing_output_error(path)
     if not is_local(path):

@@ -44,9 +44,11 @@ def test_an_existing_output_is_refused_before_any_work_unless_overwritten(tmp_pa
     existing = tmp_path / "out"
     existing.mkdir()
     with pytest.raises(UserInputError, match=rf"^--output {existing}: already exists \(pass --overwrite"):
-        storage.check_new_output(str(existing), overwrite=False)
-    storage.check_new_output(str(existing), overwrite=True)
-    storage.check_new_output(str(tmp_path / "new"), overwrite=False)
+        storage.check_new_output(str(existing), overwrite=False, directory=True)
+    storage.check_new_output(str(existing), overwrite=True, directory=True)
+    storage.check_new_output(str(tmp_path / "new"), overwrite=False, directory=True)
+    with pytest.raises(UserInputError, match="is a directory; name a file"):  # a file output
+        storage.check_new_output(str(existing), overwrite=True)
     # The CLI commands that write an --output share the check and its one-line error.
     assert main(["demo-corpus", "--output", str(existing)]) == 2
     assert capsys.readouterr().err.endswith(f"--output {existing}: already exists (pass --overwrite to replace it)\n")

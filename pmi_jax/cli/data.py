@@ -94,11 +94,10 @@ def _absolute_paths(args: argparse.Namespace) -> None:
 def run_dump(args: argparse.Namespace) -> int:
     import json
 
-    from pmi_jax import paths, storage
+    from pmi_jax import storage
 
     _absolute_paths(args)
     storage.check_new_output(args.output, args.overwrite)
-    paths.check_output_location(args.output)
     _, examples = _examples(args)
     count = 0
     with storage.atomic_file(args.output) as f:

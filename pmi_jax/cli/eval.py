@@ -178,13 +178,6 @@ def _absolute_paths(args: argparse.Namespace) -> None:
             setattr(args, name, paths.absolute(getattr(args, name)))
 
 
-def _check_output(path: str, overwrite: bool, *, directory: bool = False) -> None:
-    from pmi_jax import paths, storage
-
-    storage.check_new_output(path, overwrite)
-    paths.check_output_location(path, directory=directory)
-
-
 def _run_dir(checkpoint: str) -> str:
     """The training workdir of a workdir or of one of its checkpoints/<step> directories."""
     parts = checkpoint.rstrip("/").rsplit("/", 2)
@@ -226,7 +219,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     _positive(args.max_sequences, "--max-sequences")
     _absolute_paths(args)
     if args.output:
-        _check_output(args.output, args.overwrite)
+        storage.check_new_output(args.output, args.overwrite)
     _quiet_checkpoint_logs()
     paths = _checkpoints(args.checkpoint, args.steps)
     if args.output and len(paths) > 1:
@@ -308,13 +301,13 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     if len(paths) > 1:  # every output checked before hours of fine-tuning, not after
         for path in paths:
-            _check_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True)
+            storage.check_new_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
         config, params, metadata = checkpoints.restore_for_eval(path)
         step = metadata.get("step")
         output = output_for(path, step)
-        _check_output(output, args.overwrite, directory=True)
+        storage.check_new_output(output, args.overwrite, directory=True)
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
                                    else None)
