@@ -54,13 +54,35 @@ def default_plan() -> list[tuple[str, str, str]]:
     return plan
 
 
-def run_cell(size: str, topology: str, label: str, extra: list[str]) -> dict:
+def hlo_summary(hlo_text: str, config) -> dict:
+    """What the compiled program's matmuls and saved activations are made of.
+
+    Counts the dot/convolution instructions by operand and result types, and lists the
+    buffers shaped like stacked per-layer activations, [layers, batch/devices, length, hidden
+    or feed-forward], which is how a scanned program keeps the forward pass's values for the
+    backward one, with their element types.
+    """
+    import re
+
+    counts: dict[str, int] = {}
+    for match in re.finditer(r"= (\w+)\[[^\]]*\][^=]*? (dot|convolution)\((\w+)\[", hlo_text):
+        key = f"{match.group(2)} {match.group(3)} -> {match.group(1)}"
+        counts[key] = counts.get(key, 0) + 1
+    m = config.model
+    stacked = {}
+    for match in re.finditer(r"\b(\w+)\[(%d),(\d+),(%d),(\d+)\]" % (m.num_layers, config.data.seq_len), hlo_text):
+        if int(match.group(4)) in (m.hidden_size, m.intermediate_size):
+            stacked[match.group(0)] = stacked.get(match.group(0), 0) + 1
+    return {"matmuls": counts, "stacked_activations": stacked}
+
+
+def run_cell(size: str, topology: str, label: str, extra: list[str], hlo_dir: str | None = None) -> dict:
     overrides = list(COMMON) + list(TOGGLES.get(label, ())) + extra
     config = apply_overrides(load_config(size), overrides)
     record = {"size": size, "topology": topology, "options": label, "overrides": overrides}
     start = time.perf_counter()
     try:
-        report, _ = compile_only.compile_train_step(config, topology)
+        report, compiled = compile_only.compile_train_step(config, topology)
     except UserInputError as e:
         record.update(error=str(e), compile_s=round(time.perf_counter() - start, 1))
         return record
@@ -70,7 +92,14 @@ def run_cell(size: str, topology: str, label: str, extra: list[str]) -> dict:
         state_gib=report.state_bytes / compile_only.GiB, temp_gib=report.temp_bytes / compile_only.GiB,
         batch_gib=report.batch_bytes / compile_only.GiB, total_gib=report.total_bytes / compile_only.GiB,
         fits=report.fits, compiler_flops=report.compiler_flops, formula_flops=report.formula_flops,
+        loop_note=report.loop_note,
         estimated_step_s=report.estimated_seconds, estimated_mfu=report.estimated_mfu)
+    if hlo_dir:
+        text = compiled.as_text()
+        os.makedirs(hlo_dir, exist_ok=True)
+        with open(os.path.join(hlo_dir, f"{size}_{topology}_{label}.hlo.txt"), "w") as f:
+            f.write(text)
+        record["hlo"] = hlo_summary(text, config)
     return record
 
 
@@ -81,6 +110,9 @@ def main(argv=None) -> None:
                         help="compile only these cells (default: the whole plan)")
     parser.add_argument("--options", nargs="*", default=[], metavar="FIELD=VALUE", help="extra overrides")
     parser.add_argument("--label", default=None, help="option label recorded for --cells runs")
+    parser.add_argument("--hlo", default=None, metavar="DIR",
+                        help="also write each compiled program's HLO text to DIR and summarise its matmul types "
+                             "and saved activations in the record")
     args = parser.parse_args(argv)
 
     if args.cells:
@@ -93,7 +125,7 @@ def main(argv=None) -> None:
     for size, topology, label in plan:
         if (size, topology, label) in done:
             continue
-        record = run_cell(size, topology, label, args.options)
+        record = run_cell(size, topology, label, args.options, args.hlo)
         print(json.dumps(record), flush=True)
         records.append(record)
         tmp = args.output + ".tmp"

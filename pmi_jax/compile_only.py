@@ -117,6 +117,10 @@ class CompileReport:
     formula_flops: float  # pmi_jax.metrics' count for the computed model, per device, per step
     estimated_seconds: float | None  # None when the compiler gives no usable estimate
     peak_flops: float | None
+    # Why the FLOPs and time are not the step's, when they are not: XLA's cost analysis
+    # counts the body of a loop once, so a program with its layers in a scan (or gradient
+    # accumulation) reports a fraction of its work.
+    loop_note: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -124,7 +128,7 @@ class CompileReport:
 
     @property
     def estimated_mfu(self) -> float | None:
-        if not self.estimated_seconds or not self.peak_flops:
+        if not self.estimated_seconds or not self.peak_flops or self.loop_note:
             return None
         return self.formula_flops / self.estimated_seconds / self.peak_flops
 
@@ -132,16 +136,21 @@ class CompileReport:
         def gib(n):
             return f"{n / GiB:.2f} GiB"
 
-        estimate = (f"{self.estimated_seconds * 1000:.1f} ms per step, estimated MFU "
-                    f"{100 * self.estimated_mfu:.1f}%" if self.estimated_seconds and self.estimated_mfu is not None
-                    else "not available (the compiler's estimate for this chip is not a positive time)")
+        if self.loop_note:
+            estimate = f"not available ({self.loop_note})"
+        elif self.estimated_seconds and self.estimated_mfu is not None:
+            estimate = f"{self.estimated_seconds * 1000:.1f} ms per step, estimated MFU {100 * self.estimated_mfu:.1f}%"
+        else:
+            estimate = "not available (the compiler's estimate for this chip is not a positive time)"
+        flops = (f"FLOPs per device per step: compiler {self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
+                 + (f"(compiler / formula = {self.compiler_flops / self.formula_flops:.3f})" if not self.loop_note
+                    else "(the compiler's count covers one pass of each loop body)"))
         return [
             f"topology {self.topology}: {self.num_devices} devices on {self.num_hosts} hosts, mesh {self.mesh}",
             f"HBM per device: state (params + optimiser) {gib(self.state_bytes)}, temporaries "
             f"{gib(self.temp_bytes)}, batch {gib(self.batch_bytes)}, code {gib(self.code_bytes)}; "
             f"total {gib(self.total_bytes)} of {gib(self.hbm_bytes)}: " + ("fits" if self.fits else "DOES NOT FIT"),
-            f"FLOPs per device per step: compiler {self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
-            f"(compiler / formula = {self.compiler_flops / self.formula_flops:.3f})",
+            flops,
             f"compiler's step-time estimate (not a measurement): {estimate}",
         ]
 
@@ -190,11 +199,16 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
     tokens = config.train.batch_size * config.data.seq_len
     formula = metrics.training_flops_per_token(config.model, config.data.seq_len) * tokens / len(devices)
+    loops = [what for what, on in (("model.scan_layers", config.model.scan_layers),
+                                   ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
+    loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "
+                 "compile with model.scan_layers=false and optimizer.grad_accum_steps=1 for the step's FLOPs and "
+                 "time" if loops else None)
     report = CompileReport(
         topology=topology, num_devices=len(devices), num_hosts=len({d.process_index for d in devices}),
         mesh=dict(mesh.shape), hbm_bytes=generation.hbm_bytes, state_bytes=state_bytes, batch_bytes=batch_bytes,
         temp_bytes=memory.temp_size_in_bytes, code_bytes=memory.generated_code_size_in_bytes, total_bytes=total,
         compiler_flops=float(cost.get("flops", 0.0)), formula_flops=formula,
         estimated_seconds=estimate if estimate > 0 else None,
-        peak_flops=config.train.peak_flops or metrics.device_peak_flops(generation.device_kind))
+        peak_flops=config.train.peak_flops or metrics.device_peak_flops(generation.device_kind), loop_note=loop_note)
     return report, compiled

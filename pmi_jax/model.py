@@ -13,8 +13,8 @@ masked positions, gathered (at most `max_predictions` per sequence), so the [bat
 vocabulary] logits of the full head never exist. The GELU is the exact (erf) one of
 transformers' BertModel, not the tanh approximation of BERT's own `modeling.py`: checkpoints
 are exported to transformers (hidden_act "gelu", the erf form), and with the same function
-on both sides an exported model gives the same numbers there. The two differ by under
-1e-3 anywhere, far below what pretraining distinguishes.
+on both sides an exported model gives the same numbers there. The two differ by at most
+4.7e-4 anywhere, far below what pretraining distinguishes.
 
 Layers run either as a Python loop (`encoder/layer_<i>` parameters, BERT's layout) or as one
 `nn.scan` over stacked parameters (`encoder/layers`, leading layer axis), optionally
