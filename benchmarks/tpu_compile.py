@@ -58,20 +58,22 @@ def hlo_summary(hlo_text: str, config) -> dict:
     """What the compiled program's matmuls and saved activations are made of.
 
     Counts the dot/convolution instructions by operand and result types, and lists the
-    buffers shaped like stacked per-layer activations, [layers, batch/devices, length, hidden
-    or feed-forward], which is how a scanned program keeps the forward pass's values for the
-    backward one, with their element types.
+    buffers shaped like stacked per-layer activations ([layers, ...] with a length axis),
+    which is how a scanned program keeps the forward pass's values for the backward one,
+    with their element types.
     """
     import re
 
+    types = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\w+)\[", hlo_text, re.M)}
     counts: dict[str, int] = {}
-    for match in re.finditer(r"= (\w+)\[[^\]]*\][^=]*? (dot|convolution)\((\w+)\[", hlo_text):
-        key = f"{match.group(2)} {match.group(3)} -> {match.group(1)}"
+    for match in re.finditer(r"^\s*(?:ROOT )?%[\w.\-]+ = (\w+)\[[^\n]*? (dot|convolution)\((%[\w.\-]+), "
+                             r"(%[\w.\-]+)\)", hlo_text, re.M):
+        key = f"{match.group(2)} {types.get(match.group(3))} x {types.get(match.group(4))} -> {match.group(1)}"
         counts[key] = counts.get(key, 0) + 1
     m = config.model
     stacked = {}
-    for match in re.finditer(r"\b(\w+)\[(%d),(\d+),(%d),(\d+)\]" % (m.num_layers, config.data.seq_len), hlo_text):
-        if int(match.group(4)) in (m.hidden_size, m.intermediate_size):
+    for match in re.finditer(r"\b(\w+)\[%d,\d+,[\d,]+\]" % m.num_layers, hlo_text):
+        if str(config.data.seq_len) in match.group(0).split("[")[1]:  # activations have a length axis
             stacked[match.group(0)] = stacked.get(match.group(0), 0) + 1
     return {"matmuls": counts, "stacked_activations": stacked}
 
