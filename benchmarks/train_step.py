@@ -1,15 +1,23 @@
-"""Training-step throughput of pmi-jax's BERT next to transformers' FlaxBertForMaskedLM.
+"""Training-step throughput of pmi-jax's BERT, its full-logit head, and transformers' FlaxBertForMaskedLM.
 
     python benchmarks/train_step.py                       # tiny and base, CPU-sized batches
+    python benchmarks/train_step.py --sizes tiny --batch 8 --seq-len 128 512   # the gathered head's gain on CPU
     python benchmarks/train_step.py --sizes base --batch 32 --seq-len 512 --dtype bfloat16   # accelerator
 
-Both sides run the same thing: one jitted step of MLM loss (15% of positions), gradient,
-and the same optax AdamW chain, on the same synthetic batch, with the same model sizes,
-dropout on. Reported per size and implementation: median step time over `--steps` timed
-steps (after compilation and one warm-up step; the two implementations' steps alternate so
-that load from other processes falls on both alike), tokens/s, and model FLOPs utilisation from
-`pmi_jax.metrics` (bidirectional attention, nothing halved; MFU needs a known device peak
-or --peak-flops). pmi-jax runs on a mesh over all local devices; transformers on one.
+All contenders run the same thing: one jitted step of MLM loss, gradient, and the same optax
+AdamW chain, on the same synthetic batch (15% of the words masked, within BERT's budget),
+with the same model sizes, dropout on. `pmi-jax` is the trainer's own step (configs/<size>.py:
+the MLM head on the gathered masked positions only); `pmi-jax-full` is the same step with
+the head on every position (`model.max_predictions_per_seq=-1`), i.e. what the gathered head
+saves; `transformers` is FlaxBertForMaskedLM (full logits), skipped where transformers has no
+Flax models (5.x) or is not installed. Reported per size, length and contender: median step
+time over `--steps` timed steps (after compilation and one warm-up step; the contenders'
+steps alternate so that load from other processes falls on all alike), tokens/s, achieved
+TFLOP/s and model FLOPs utilisation, both from `pmi_jax.metrics` counting the FLOPs each
+contender computes (bidirectional attention, nothing halved; the full-logit contenders'
+decoder at every position). MFU needs a known device peak (H100: 989 TFLOP/s dense bf16) or
+--peak-flops. pmi-jax runs on a mesh over all local devices; transformers on one. Imports
+neither TensorFlow nor seqio.
 """
 from __future__ import annotations
 
@@ -86,58 +94,78 @@ def transformers_runner(config, batch) -> Runner:
     return Runner(jax.jit(step, donate_argnums=0), carry, jax.device_put(batch))
 
 
+def contender_config(config, name: str):
+    """The config a contender computes with: the full head for the full-logit contenders."""
+    if name == "pmi-jax":
+        return config
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, max_predictions_per_seq=-1))
+
+
+CONTENDERS = ("pmi-jax", "pmi-jax-full", "transformers")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "base"], help="configs to benchmark")
     parser.add_argument("--batch", type=int, default=None,
                         help="sequences per step (default: 32 for tiny, 4 for base on CPU; 256/32 on accelerators)")
-    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 128 on CPU, 512 else)")
+    parser.add_argument("--seq-len", type=int, nargs="+", default=None,
+                        help="tokens per sequence, one or more (default 128 on CPU, 512 else)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps after compilation and warm-up")
     parser.add_argument("--dtype", default=None, help="compute dtype (default: float32 on CPU, bfloat16 else)")
     parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of one device, for MFU")
-    parser.add_argument("--skip-transformers", action="store_true", help="benchmark pmi-jax only")
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
+                        help="what to run (default: all)")
+    parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers")
     args = parser.parse_args(argv)
 
     on_cpu = jax.default_backend() == "cpu"
     device = jax.devices()[0]
     peak = args.peak_flops or metrics.device_peak_flops(device.device_kind)
-    print(f"devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), "
-          f"peak {peak / 1e12:.0f} TFLOP/s per device" if peak else
-          f"devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), peak unknown: "
-          "MFU not reported (pass --peak-flops)")
+    print(f"jax {jax.__version__}, devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), "
+          + (f"peak {peak / 1e12:.0f} TFLOP/s per device (dense bf16)" if peak else
+             "peak unknown: MFU not reported (pass --peak-flops)"))
     print(f"{'config':<6} {'impl':<13} {'batch':>5} {'seq':>4} {'dtype':<8} {'step ms':>9} {'tokens/s':>10} "
-          f"{'MFU':>6}")
+          f"{'TFLOP/s':>8} {'MFU':>6}")
+    contenders = [c for c in args.contenders if not (args.skip_transformers and c == "transformers")]
     for size in args.sizes:
-        base = load_config(size)
-        batch_size = args.batch or ((32 if size == "tiny" else 4) if on_cpu else (256 if size == "tiny" else 32))
-        seq_len = args.seq_len or (128 if on_cpu else 512)
-        dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
-        config = dataclasses.replace(
-            base, model=dataclasses.replace(base.model, vocab_size=VOCAB_SIZE, dtype=dtype),
-            data=dataclasses.replace(base.data, seq_len=seq_len),
-            train=dataclasses.replace(base.train, batch_size=batch_size))
-        batch = train.SyntheticBatches(VOCAB_SIZE, seq_len, batch_size).global_batch(0)
-        flops_per_token = metrics.training_flops_per_token(config.model, seq_len)
-        runners = {"pmi-jax": (pmi_jax_runner, jax.device_count())}
-        if not args.skip_transformers:
-            runners["transformers"] = (transformers_runner, 1)
-        built, times = {}, {}
-        for name, (make, num_devices) in runners.items():
-            try:
-                built[name] = make(config, batch)
-            except ImportError as e:
-                print(f"{size:<6} {name:<13} not installed ({e})")
-        for _ in range(args.steps):  # interleaved, so that load from elsewhere hits both alike
-            for name, runner in built.items():
-                times.setdefault(name, []).append(runner.tick())
-        for name in built:
-            step_s = statistics.median(times[name])
-            tokens_per_s = batch_size * seq_len / step_s
-            utilisation = metrics.mfu(flops_per_token, tokens_per_s, runners[name][1], peak)
-            mfu = f"{100 * utilisation:5.1f}%" if utilisation is not None else "   n/a"
-            print(f"{size:<6} {name:<13} {batch_size:>5} {seq_len:>4} {dtype:<8} {1000 * step_s:>9.1f} "
-                  f"{tokens_per_s:>10.0f} {mfu:>6}", flush=True)
-        del built
+        for seq_len in args.seq_len or [128 if on_cpu else 512]:
+            run_size(size, seq_len, args, contenders, on_cpu, peak)
+
+
+def run_size(size, seq_len, args, contenders, on_cpu, peak) -> None:
+    base = load_config(size)
+    batch_size = args.batch or ((32 if size == "tiny" else 4) if on_cpu else (256 if size == "tiny" else 32))
+    dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
+    config = dataclasses.replace(
+        base, model=dataclasses.replace(base.model, vocab_size=VOCAB_SIZE, dtype=dtype,
+                                        max_position_embeddings=max(base.model.max_position_embeddings, seq_len)),
+        data=dataclasses.replace(base.data, seq_len=seq_len),
+        train=dataclasses.replace(base.train, batch_size=batch_size))
+    batch = train.SyntheticBatches(VOCAB_SIZE, seq_len, batch_size).global_batch(0)
+    built, times = {}, {}
+    for name in contenders:
+        try:
+            if name == "transformers":
+                built[name] = (transformers_runner(contender_config(config, name), batch), 1)
+            else:
+                built[name] = (pmi_jax_runner(contender_config(config, name), batch), jax.device_count())
+        except (ImportError, AttributeError) as e:  # no transformers, or 5.x without Flax models
+            print(f"{size:<6} {name:<13} skipped: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
+    for _ in range(args.steps):  # interleaved, so that load from elsewhere hits all alike
+        for name, (runner, _) in built.items():
+            times.setdefault(name, []).append(runner.tick())
+    for name, (_, num_devices) in built.items():
+        flops_per_token = metrics.training_flops_per_token(contender_config(config, name).model, seq_len)
+        step_s = statistics.median(times[name])
+        tokens_per_s = batch_size * seq_len / step_s
+        tflops = flops_per_token * tokens_per_s / num_devices / 1e12
+        utilisation = metrics.mfu(flops_per_token, tokens_per_s, num_devices, peak)
+        mfu = f"{100 * utilisation:5.1f}%" if utilisation is not None else "   n/a"
+        print(f"{size:<6} {name:<13} {batch_size:>5} {seq_len:>4} {dtype:<8} {1000 * step_s:>9.1f} "
+              f"{tokens_per_s:>10.0f} {tflops:>8.3f} {mfu:>6}", flush=True)
+    del built
+
 
 if __name__ == "__main__":
     main()

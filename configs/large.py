@@ -10,7 +10,10 @@ def get_config() -> ExperimentConfig:
     return ExperimentConfig(
         # vocab_size=0: the corpus's WordPiece vocabulary (30,522 entries in the paper).
         model=ModelConfig(vocab_size=0, hidden_size=1024, num_layers=24, num_heads=16,
-                          intermediate_size=4096, max_position_embeddings=512, dtype="bfloat16"),
+                          intermediate_size=4096, max_position_embeddings=512, dtype="bfloat16",
+                          # Scanned layers (compile time flat in depth), remat dots_saveable: 6.1 GiB per
+                          # v5e chip at batch 256 on v5e-16 (benchmarks/README.md, "tpu compile").
+                          scan_layers=True, remat="dots_saveable"),
         data=DataConfig(scheme="pmi", seq_len=512),
         optimizer=OptimizerConfig(peak_learning_rate=1e-4, warmup_steps=10_000, eps=1e-6, weight_decay=0.01),
         mesh=MeshConfig(data=1, fsdp=-1, model=1),

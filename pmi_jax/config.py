@@ -23,6 +23,8 @@ from pmi_jax.errors import UserInputError
 # family needs a prepared unit vocabulary of the same name; the others work on any corpus.
 SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
+REMAT_POLICIES = ("none", "full", "dots_saveable")
+PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -44,6 +46,28 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     dtype: str = "float32"
+    # Embedding and decoder rows are padded to a multiple of this (Megatron's
+    # make-vocab-size-divisible-by), so that any vocabulary splits over any `model` axis; the
+    # padded ids never win a softmax, are never drawn as random replacements and are cut from
+    # exported checkpoints. 1 turns padding off.
+    vocab_multiple: int = 128
+    # MLM predictions per sequence: the head (transform + tied decoder) runs on this many
+    # gathered positions instead of all of them, as google-research/bert does. 0: derived
+    # from the sequence length as BERT did (20 for 128, 80 for 512; `max_predictions`);
+    # -1: logits at every position (the full [batch, length, vocab] head).
+    max_predictions_per_seq: int = 0
+    # Layers as one `nn.scan` over stacked parameters (compile time flat in depth); the
+    # parameter tree then holds `encoder/layers` with a leading layer axis instead of
+    # `encoder/layer_<i>` (`pmi_jax.model.unstack_layers` converts).
+    scan_layers: bool = False
+    # Rematerialisation of each layer in the backward pass: none (keep every activation),
+    # full (recompute the layer), dots_saveable (keep the weight matmuls' outputs, recompute
+    # the rest, attention scores included).
+    remat: str = "none"
+    # The XLA:CPU variants: dropout masks from both 32-bit words of each threefry block and
+    # the output-bias gradient as a matrix-vector product. False: the plain versions
+    # (`jax.random.bernoulli`, a reduction). docs/tpu.md ("Compile-only") has the TPU check.
+    xla_cpu_variants: bool = True
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -51,10 +75,36 @@ class ModelConfig:
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}")
         if self.dtype not in ("float32", "bfloat16"):
             raise UserInputError(f"model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+        if self.vocab_multiple < 1:
+            raise UserInputError(f"model.vocab_multiple={self.vocab_multiple}: must be at least 1")
+        if self.max_predictions_per_seq < -1:
+            raise UserInputError(f"model.max_predictions_per_seq={self.max_predictions_per_seq}: expected a "
+                                 "positive count, 0 (derived from the length) or -1 (every position)")
+        if self.remat not in REMAT_POLICIES:
+            raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    def predictions(self, seq_len: int) -> int:
+        """Positions per sequence the MLM head runs on (the whole length for the full head)."""
+        if self.max_predictions_per_seq == -1:
+            return seq_len
+        return min(seq_len, self.max_predictions_per_seq or max_predictions(seq_len))
+
+
+def max_predictions(seq_len: int) -> int:
+    """BERT's max_predictions_per_seq for a length: 15% rounded up to a multiple of 4 (20 for 128, 80 for 512).
+
+    The masking budget is floor(15%) of the non-special tokens (`pmi_jax.masking`), so it
+    never exceeds this; the trainer checks every batch and stops with an error if it did.
+    """
+    return -(-round(0.15 * seq_len) // 4) * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +158,7 @@ class MeshConfig:
         ("mlp", "model"),
         ("position", None),
         ("token_type", None),
+        ("layers", None),  # the stacked-layer axis of scanned parameters
     )
 
 
@@ -124,6 +175,15 @@ class TrainConfig:
     seed: int = 0  # parameter init and dropout; the data has its own seed
     log_every_steps: int = 100
     peak_flops: float = 0.0  # per device; 0 = look up the device kind
+    # JAX PRNG implementation of parameter init and dropout: threefry (the same numbers on
+    # every backend and mesh), rbg (XLA's RngBitGenerator: fast on TPU, the same on every
+    # mesh of one backend), unsafe_rbg (fastest; numbers may change with the mesh or XLA).
+    # docs/tpu.md ("Randomness") has the details.
+    prng_impl: str = "threefry"
+
+    def __post_init__(self):
+        if self.prng_impl not in PRNG_IMPLS:
+            raise UserInputError(f"train.prng_impl={self.prng_impl!r}: expected one of {', '.join(PRNG_IMPLS)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,18 +10,22 @@ feed-forward F, sequence length T and vocabulary V, the forward pass per token c
                 feed-forward in and out      2 * 2*D*F
                 scores  q . k  (T keys)          2*T*D
                 weighted sum of values (T)       2*T*D
-    MLM head    transform                        2*D*D
-                tied decoder (every position)    2*D*V
+    MLM head    transform                        2*D*D * P/T
+                tied decoder                     2*D*V * P/T
 
 The attention terms use all T keys for every query: BERT attention is bidirectional, so
-nothing is halved as it would be for a causal mask. Backward costs twice the forward, so
+nothing is halved as it would be for a causal mask. The MLM head runs on P of the T
+positions of a sequence (the gathered masked positions, `ModelConfig.predictions`; P = T for
+the full head), and only the FLOPs the model computes are counted. V is the true vocabulary:
+the rows padded to `vocab_multiple` are computed but are not the model's work. Backward
+costs twice the forward, so
 
-    training FLOPs / token = 6 * P_matmul + 12 * N * T * D,
-    P_matmul = N * (4*D*D + 2*D*F) + D*D + D*V
+    training FLOPs / token = 6 * (P_layers + (D*D + D*V) * P/T) + 12 * N * T * D,
+    P_layers = N * (4*D*D + 2*D*F)
 
-(P_matmul is the parameter count of the matmul weights, i.e. everything but the position
-and token-type tables, biases and LayerNorms). MFU = achieved FLOPs/s divided by the
-summed bf16 dense peak of the devices in use.
+(the parameter count of the matmul weights, i.e. everything but the position and
+token-type tables, biases and LayerNorms). MFU = achieved FLOPs/s divided by the summed
+bf16 dense peak of the devices in use.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ PEAK_BF16_FLOPS = (
     (r"tpu v4", 275e12),
     (r"h200", 989e12),
     (r"h100.*pcie", 756e12),
-    (r"h100", 989e12),  # SXM / HBM3
+    (r"h100", 989e12),  # SXM / HBM3: 989 TFLOP/s dense bf16 (the data sheet's 1,979 is with sparsity)
     (r"a100", 312e12),
 )
 
@@ -49,8 +53,8 @@ PEAK_BF16_FLOPS = (
 def training_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     """Matmul FLOPs of forward + backward per token; see the module docstring."""
     d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers
-    matmul_params = n * (4 * d * d + 2 * d * f) + d * d + d * v
-    return 6.0 * matmul_params + 12.0 * n * seq_len * d
+    head_share = config.predictions(seq_len) / seq_len
+    return 6.0 * (n * (4 * d * d + 2 * d * f) + (d * d + d * v) * head_share) + 12.0 * n * seq_len * d
 
 
 def device_peak_flops(device_kind: str) -> float | None:

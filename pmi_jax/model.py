@@ -6,6 +6,21 @@ GELU feed-forward block, each wrapped as LayerNorm(x + dropout(block(x))) (post-
 MLM head is dense + GELU + LayerNorm, then a decoder tied to the word embeddings plus an
 output bias. There is no next-sentence head (the PMI-Masking paper trains MLM only).
 
+Two choices follow google-research/bert rather than a paper: parameters start from BERT's
+truncated normal (standard deviation 0.02 before truncation, cut at two standard
+deviations, as TF's `truncated_normal_initializer(0.02)`), and the MLM head runs only on the
+masked positions, gathered (at most `max_predictions` per sequence), so the [batch, length,
+vocabulary] logits of the full head never exist. The GELU is the exact (erf) one of
+transformers' BertModel, not the tanh approximation of BERT's own `modeling.py`: checkpoints
+are exported to transformers (hidden_act "gelu", the erf form), and with the same function
+on both sides an exported model gives the same numbers there. The two differ by at most
+4.7e-4 anywhere, far below what pretraining distinguishes.
+
+Layers run either as a Python loop (`encoder/layer_<i>` parameters, BERT's layout) or as one
+`nn.scan` over stacked parameters (`encoder/layers`, leading layer axis), optionally
+rematerialised; `stack_layers`/`unstack_layers` convert between the two layouts. The
+vocabulary is padded to `vocab_multiple` rows; the padded ids' logits are -inf.
+
 Every parameter carries logical axis names (vocab, embed, heads, kv, mlp, position,
 token_type) and activations are constrained by (batch, length, embed, ...); the mapping to
 mesh axes is a config choice (`pmi_jax.partitioning`). Outside a mesh-rules context the
@@ -17,6 +32,8 @@ from __future__ import annotations
 
 import math
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -25,7 +42,10 @@ from jax.extend.random import threefry2x32_p
 from pmi_jax.config import ModelConfig
 
 __all__ = ["ModelConfig", "BertEmbeddings", "SelfAttention", "FeedForward", "BertLayer", "BertEncoder",
-           "BertForMaskedLM"]
+           "BertForMaskedLM", "stack_layers", "unstack_layers", "SCANNED_LAYERS"]
+
+SCANNED_LAYERS = "layers"  # encoder/<this>: the stacked parameters of scanned layers
+_LAYER = re.compile(r"layer_(\d+)")
 
 
 def _dtype(config: ModelConfig):
@@ -33,7 +53,11 @@ def _dtype(config: ModelConfig):
 
 
 def _init(config: ModelConfig, *names: str):
-    return nn.with_logical_partitioning(nn.initializers.normal(stddev=config.initializer_range), names)
+    # BERT's initializer: a normal of std `initializer_range` truncated to +-2 of those stds
+    # (so the values' own std is about 0.88 x 0.02; TF and JAX both parametrise by the
+    # untruncated std).
+    init = nn.initializers.truncated_normal(stddev=config.initializer_range, lower=-2.0, upper=2.0)
+    return nn.with_logical_partitioning(init, names)
 
 
 def _zeros(*names: str):
@@ -51,7 +75,7 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def _gelu(x):
-    return nn.gelu(x, approximate=False)  # BERT's erf GELU
+    return nn.gelu(x, approximate=False)  # the erf GELU of transformers' BERT (module docstring: why)
 
 
 def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
@@ -85,14 +109,17 @@ def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
 
 
 class Dropout(nn.Dropout):
-    """Inverted dropout like `nn.Dropout`, cheaper on CPU; same rate, same RNG stream name.
+    """Inverted dropout like `nn.Dropout`; same rate, same RNG stream name.
 
-    The mask comes from `_keep_mask` (half the random-number work of flax's). It is
-    applied as (inputs * mask) / keep_prob, the same numbers as flax's select between
-    inputs / keep_prob and zero, but a plain elementwise product, which XLA fuses into the
-    neighbouring matmul and softmax (forward and backward) where the select kept a separate
-    pass over the [B, H, L, L] attention probabilities.
+    With `xla_cpu_variants` the mask comes from `_keep_mask` (half the random-number work of
+    flax's); without, it is the plain `jax.random.bernoulli`. Either way it is applied as
+    (inputs * mask) / keep_prob, the same numbers as flax's select between inputs / keep_prob
+    and zero, but a plain elementwise product, which XLA fuses into the neighbouring matmul
+    and softmax (forward and backward) where the select kept a separate pass over the
+    [B, H, L, L] attention probabilities.
     """
+
+    cpu_variant: bool = True
 
     @nn.compact
     def __call__(self, inputs, deterministic: bool | None = None, rng=None):
@@ -104,7 +131,10 @@ class Dropout(nn.Dropout):
         keep_prob = 1.0 - self.rate
         if rng is None:
             rng = self.make_rng(self.rng_collection)
-        keep = _keep_mask(rng, keep_prob, inputs.shape)
+        if self.cpu_variant:
+            keep = _keep_mask(rng, keep_prob, inputs.shape)
+        else:
+            keep = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
         return inputs * keep.astype(inputs.dtype) / jnp.asarray(keep_prob, inputs.dtype)
 
 
@@ -132,6 +162,15 @@ def _add_output_bias_bwd(_, g_BxLxV):
 _add_output_bias.defvjp(_add_output_bias_fwd, _add_output_bias_bwd)
 
 
+def _output_bias(config: ModelConfig, logits_BxLxV, bias_V):
+    """logits + bias; the GEMV-gradient variant only with `xla_cpu_variants` (else the plain add)."""
+    return _add_output_bias(logits_BxLxV, bias_V) if config.xla_cpu_variants else logits_BxLxV + bias_V
+
+
+def _dropout(config: ModelConfig, rate: float) -> Dropout:
+    return Dropout(rate, cpu_variant=config.xla_cpu_variants)
+
+
 class BertEmbeddings(nn.Module):
     """Sum of word, position and token-type embeddings, then LayerNorm and dropout."""
 
@@ -139,14 +178,14 @@ class BertEmbeddings(nn.Module):
 
     def setup(self):
         c = self.config
-        self.word = nn.Embed(c.vocab_size, c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
+        self.word = nn.Embed(c.padded_vocab_size, c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                              embedding_init=_init(c, "vocab", "embed"))
         self.position = nn.Embed(c.max_position_embeddings, c.hidden_size, dtype=_dtype(c),
                                  param_dtype=jnp.float32, embedding_init=_init(c, "position", "embed"))
         self.token_type = nn.Embed(c.type_vocab_size, c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                                    embedding_init=_init(c, "token_type", "embed"))
         self.layer_norm = _layer_norm(c, "layer_norm")
-        self.dropout = Dropout(c.dropout_rate)
+        self.dropout = _dropout(c, c.dropout_rate)
 
     def __call__(self, input_ids_BxL, token_type_ids_BxL, *, deterministic: bool):
         positions_1xL = jnp.arange(input_ids_BxL.shape[1])[None, :]
@@ -156,15 +195,22 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.layer_norm(x_BxLxD), deterministic=deterministic)
 
     def attend(self, x_BxLxD):
-        """Float32 logits against the word embeddings: the MLM decoder tied to the input embeddings.
+        """Float32 logits [..., padded V] against the word embeddings: the MLM decoder tied to the inputs.
 
         Inputs are in the compute dtype; accumulation and output are float32 so that the
-        softmax over ~30k entries does not lose the small logits to bf16 rounding.
+        softmax over ~30k entries does not lose the small logits to bf16 rounding. The
+        padding rows' logits are -inf: they take no probability and never win an argmax.
         """
         table_VxD = self.word.embedding.astype(x_BxLxD.dtype)
         if x_BxLxD.dtype == jnp.float32:
-            return x_BxLxD @ table_VxD.T  # (a preferred type, even float32, slows XLA:CPU's dot)
-        return jnp.matmul(x_BxLxD, table_VxD.T, preferred_element_type=jnp.float32)
+            logits = x_BxLxD @ table_VxD.T  # (a preferred type, even float32, slows XLA:CPU's dot)
+        else:
+            logits = jnp.matmul(x_BxLxD, table_VxD.T, preferred_element_type=jnp.float32)
+        vocab_size = self.config.vocab_size
+        if logits.shape[-1] == vocab_size:
+            return logits
+        real_V = jax.lax.broadcasted_iota(jnp.int32, (logits.shape[-1],), 0) < vocab_size
+        return jnp.where(real_V, logits, -jnp.inf)
 
 
 class HeadsProjection(nn.Module):
@@ -201,7 +247,12 @@ class HeadsProjection(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Bidirectional multi-head self-attention; padding keys are masked out."""
+    """Bidirectional multi-head self-attention; padding keys are masked out.
+
+    With attention dropout (BERT's 0.1, the default) the scores, softmax and dropout are
+    written out. With `attention_dropout_rate` 0 the same function goes through
+    `jax.nn.dot_product_attention`, which XLA lowers to cuDNN's fused attention on GPUs.
+    """
 
     config: ModelConfig
 
@@ -216,15 +267,20 @@ class SelfAttention(nn.Module):
         k_BxLxHxK = nn.with_logical_constraint(k_BxLxHxK, ("batch", "length", "heads", "kv"))
         v_BxLxHxK = nn.with_logical_constraint(v_BxLxHxK, ("batch", "length", "heads", "kv"))
 
-        q_BxLxHxK = q_BxLxHxK * jnp.asarray(c.head_dim ** -0.5, dtype)
-        scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
-        # Padding keys get a large negative additive bias, as in BERT: an add (unlike a
-        # select on the [B, H, L, L] scores) fuses into the scores matmul and the softmax.
-        bias_Bx1x1xL = jnp.where(input_mask_BxL[:, None, None, :].astype(bool), 0.0, jnp.finfo(jnp.float32).min)
-        scores_BxHxLxL = scores_BxHxLxL + bias_Bx1x1xL
-        probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL, axis=-1).astype(dtype)
-        probs_BxHxLxL = Dropout(c.attention_dropout_rate)(probs_BxHxLxL, deterministic=deterministic)
-        out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxLxL, v_BxLxHxK)
+        if c.attention_dropout_rate == 0.0:
+            keys_Bx1x1xL = input_mask_BxL[:, None, None, :].astype(bool)
+            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=keys_Bx1x1xL)
+        else:
+            q_BxLxHxK = q_BxLxHxK * jnp.asarray(c.head_dim ** -0.5, dtype)
+            scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
+            # Padding keys get a large negative additive bias, as in BERT: an add (unlike a
+            # select on the [B, H, L, L] scores) fuses into the scores matmul and the softmax.
+            bias_Bx1x1xL = jnp.where(input_mask_BxL[:, None, None, :].astype(bool), 0.0,
+                                     jnp.finfo(jnp.float32).min)
+            scores_BxHxLxL = scores_BxHxLxL + bias_Bx1x1xL
+            probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL, axis=-1).astype(dtype)
+            probs_BxHxLxL = _dropout(c, c.attention_dropout_rate)(probs_BxHxLxL, deterministic=deterministic)
+            out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxLxL, v_BxLxHxK)
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
         return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
 
@@ -253,12 +309,37 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
-        dropout = Dropout(c.dropout_rate)
+        dropout = _dropout(c, c.dropout_rate)
         a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, input_mask_BxL, deterministic=deterministic)
         x_BxLxD = _layer_norm(c, "attention_layer_norm")(x_BxLxD + dropout(a_BxLxD, deterministic=deterministic))
         f_BxLxD = FeedForward(c, name="feed_forward")(x_BxLxD)
         x_BxLxD = _layer_norm(c, "output_layer_norm")(x_BxLxD + dropout(f_BxLxD, deterministic=deterministic))
         return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
+
+
+class _ScanStep(BertLayer):
+    """BertLayer as a scan body, (carry, mask, deterministic) -> (carry, None); same parameter names."""
+
+    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool):
+        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic), None
+
+
+class _LoopStep(BertLayer):
+    """BertLayer with `deterministic` positional, as `nn.remat`'s static argument."""
+
+    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool):
+        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic)
+
+
+def _remat(config: ModelConfig, layer_cls):
+    """The layer class rematerialised by `config.remat` (deterministic, argument 3 with self, is static)."""
+    if config.remat == "none":
+        return layer_cls
+    # dots_saveable keeps the outputs of matmuls without batch dimensions, i.e. the weight
+    # projections (Q, K, V, output, feed-forward); attention scores, softmax, dropout, GELU and
+    # LayerNorm are recomputed. full keeps only each layer's input.
+    policy = None if config.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return nn.remat(layer_cls, policy=policy, prevent_cse=not config.scan_layers, static_argnums=(3,))
 
 
 class BertEncoder(nn.Module):
@@ -267,20 +348,34 @@ class BertEncoder(nn.Module):
     config: ModelConfig
 
     def setup(self):
-        self.embed = BertEmbeddings(self.config)
-        self.layers = [BertLayer(self.config, name=f"layer_{i}") for i in range(self.config.num_layers)]
+        c = self.config
+        self.embed = BertEmbeddings(c)
+        if c.scan_layers:
+            scan = nn.scan(_remat(c, _ScanStep), variable_axes={"params": 0},
+                           split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast, nn.broadcast),
+                           length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            self.layers = scan(c, name=SCANNED_LAYERS)
+        else:
+            layer_cls = _remat(c, _LoopStep)
+            self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
 
     def __call__(self, input_ids_BxL, input_mask_BxL, token_type_ids_BxL=None, *, deterministic: bool):
         if token_type_ids_BxL is None:
             token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
         x_BxLxD = self.embed(input_ids_BxL, token_type_ids_BxL, deterministic=deterministic)
+        if self.config.scan_layers:
+            return self.layers(x_BxLxD, input_mask_BxL, deterministic)[0]
         for layer in self.layers:
-            x_BxLxD = layer(x_BxLxD, input_mask_BxL, deterministic=deterministic)
+            x_BxLxD = layer(x_BxLxD, input_mask_BxL, deterministic)
         return x_BxLxD
 
 
 class BertForMaskedLM(nn.Module):
-    """Encoder + MLM head; logits over the vocabulary at every position, in float32."""
+    """Encoder + MLM head; float32 logits over the (padded) vocabulary.
+
+    Called with `positions_BxP` (int32, P per sequence), the head runs on those positions
+    only and the logits are [B, P, V]; without, at every position, [B, L, V].
+    """
 
     config: ModelConfig
 
@@ -292,10 +387,46 @@ class BertForMaskedLM(nn.Module):
                                   kernel_init=_init(c, "embed", None), bias_init=_zeros(None))
         self.transform_layer_norm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=_dtype(c), param_dtype=jnp.float32,
                                                  scale_init=_ones(None), bias_init=_zeros(None))
-        self.output_bias = self.param("output_bias", _zeros("vocab"), (c.vocab_size,), jnp.float32)
+        self.output_bias = self.param("output_bias", _zeros("vocab"), (c.padded_vocab_size,), jnp.float32)
 
-    def __call__(self, input_ids_BxL, input_mask_BxL, token_type_ids_BxL=None, *, deterministic: bool):
+    def predict(self, hidden_BxPxD):
+        """The MLM head on hidden states: transform, GELU, LayerNorm, tied decoder + bias."""
+        h_BxPxD = self.transform_layer_norm(_gelu(self.transform(hidden_BxPxD)))
+        logits_BxPxV = _output_bias(self.config, self.encoder.embed.attend(h_BxPxD), self.output_bias)
+        return nn.with_logical_constraint(logits_BxPxV, ("batch", "length", "vocab"))
+
+    def __call__(self, input_ids_BxL, input_mask_BxL, token_type_ids_BxL=None, *, deterministic: bool,
+                 positions_BxP=None):
         x_BxLxD = self.encoder(input_ids_BxL, input_mask_BxL, token_type_ids_BxL, deterministic=deterministic)
-        h_BxLxD = self.transform_layer_norm(_gelu(self.transform(x_BxLxD)))
-        logits_BxLxV = _add_output_bias(self.encoder.embed.attend(h_BxLxD), self.output_bias)
-        return nn.with_logical_constraint(logits_BxLxV, ("batch", "length", "vocab"))
+        if positions_BxP is not None:
+            x_BxLxD = jnp.take_along_axis(x_BxLxD, positions_BxP[..., None], axis=1)
+        return self.predict(x_BxLxD)
+
+
+def unstack_layers(params: dict) -> dict:
+    """BertForMaskedLM params with scanned layers -> BERT's per-layer layout (`encoder/layer_<i>`).
+
+    The per-layer names are those of a model built with `scan_layers=False`, so exports and
+    checkpoints of either layout read the same. Params already per layer come back as they are.
+    """
+    encoder = dict(params["encoder"])
+    if SCANNED_LAYERS not in encoder:
+        return params
+    stacked = encoder.pop(SCANNED_LAYERS)
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    for i in range(num_layers):
+        encoder[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    return {**params, "encoder": encoder}
+
+
+def stack_layers(params: dict) -> dict:
+    """The inverse of `unstack_layers`: `encoder/layer_<i>` -> `encoder/layers` with a leading layer axis."""
+    encoder = dict(params["encoder"])
+    indices = sorted(int(m.group(1)) for k in encoder if (m := _LAYER.fullmatch(k)))
+    if not indices:
+        return params
+    if indices != list(range(len(indices))):
+        raise ValueError(f"encoder layers {indices} are not numbered 0..{len(indices) - 1}")
+    layers = [encoder.pop(f"layer_{i}") for i in indices]
+    encoder[SCANNED_LAYERS] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    return {**params, "encoder": encoder}

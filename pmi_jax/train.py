@@ -136,7 +136,15 @@ class SyntheticBatches:
         targets = np.where(real, targets, self.pad_id)
         targets[np.arange(b), lengths - 1] = self.sep_id
         maskable = real & (targets >= self.first_word_id)
-        selected = maskable & (rng.random((b, n)) < 0.15)
+        # Each word is selected with probability 15%, within the masking budget of real
+        # pretraining (floor(15%) of the maskable tokens, pmi_jax.masking): the first
+        # selected words in a random order are kept, so no row exceeds max_predictions.
+        draw = rng.random((b, n))
+        budget_B = np.maximum(1, (15 * maskable.sum(axis=1)) // 100)
+        order = np.argsort(np.where(maskable, draw, 2.0), axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(b, 0), axis=1)
+        selected = maskable & (draw < 0.15) & (rank < budget_B[:, None])
         action = rng.random((b, n))
         random_ids = rng.integers(self.first_word_id, self.vocab_size, size=(b, n))
         inputs = np.where(selected & (action < 0.8), self.mask_id,
@@ -163,7 +171,7 @@ class TrainState:
     step: jax.Array  # int32 scalar: optimizer steps taken = batches consumed
     params: Any
     opt_state: Any
-    rng: jax.Array  # uint32[2] base dropout key; step s uses fold_in(rng, s)
+    rng: jax.Array  # base dropout key's data (uint32[2] threefry, [4] rbg); step s uses fold_in(rng, s)
 
     def as_dict(self) -> dict:
         return {"step": self.step, "params": self.params, "opt_state": self.opt_state, "rng": self.rng}
@@ -174,11 +182,18 @@ def _dummy_inputs(seq_len: int):
     return ids, jnp.ones_like(ids)
 
 
-def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, seq_len: int) -> TrainState:
-    params_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+def prng_impl(name: str) -> str:
+    """TrainConfig.prng_impl -> jax's implementation name."""
+    return "threefry2x32" if name == "threefry" else name
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, seq_len: int,
+               impl: str = "threefry") -> TrainState:
+    params_key, dropout_key = jax.random.split(jax.random.key(seed, impl=prng_impl(impl)))
     variables = model.init(params_key, *_dummy_inputs(seq_len), deterministic=True)
     params = nn.unbox(variables)["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_key)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=jax.random.key_data(dropout_key))
 
 
 def state_shardings(model, tx, config: ExperimentConfig, mesh) -> tuple[TrainState, TrainState]:
@@ -187,32 +202,71 @@ def state_shardings(model, tx, config: ExperimentConfig, mesh) -> tuple[TrainSta
     boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_inputs(seq_len), deterministic=True))
     logical_specs = nn.get_partition_spec(boxed)["params"]
     param_shardings = partitioning.logical_to_sharding(logical_specs, mesh, config.mesh)
-    abstract = jax.eval_shape(lambda: init_state(model, tx, config.train.seed, seq_len))
+    abstract = jax.eval_shape(lambda: init_state(model, tx, config.train.seed, seq_len, config.train.prng_impl))
     partitioning.check_divisible(abstract.params, param_shardings, logical_specs)
     replicated = partitioning.replicated(mesh)
-    opt_shardings = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_shardings,
-                                          transform_non_params=lambda _: replicated)
+    # optax builds the optimiser state's structure by running `tx.init` (a few jnp.zeros);
+    # traced under eval_shape it stays abstract, so this also works on a mesh of
+    # compile-only devices (pmi_jax.compile_only), which cannot execute anything.
+    found = {}
+
+    def map_shardings():
+        found["opt"] = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_shardings,
+                                             transform_non_params=lambda _: replicated)
+
+    jax.eval_shape(map_shardings)
+    opt_shardings = found["opt"]
     shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings, rng=replicated)
     return abstract, shardings
+
+
+def masked_positions(weights_BxL, num: int):
+    """(positions_BxP, weights_BxP): the first `num` positions of each row with a non-zero weight.
+
+    Rows with fewer fill up with weight-0 positions. `jax.lax.top_k` keeps the lower index
+    among equal values, so the positions come in order. A row with more than `num` weighted
+    positions would lose the rest: the trainer rejects such batches before they get here
+    (`check_predictions`).
+    """
+    _, positions_BxP = jax.lax.top_k((weights_BxL != 0).astype(jnp.int32), num)
+    return positions_BxP, jnp.take_along_axis(weights_BxL, positions_BxP, axis=1)
+
+
+def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: int) -> None:
+    """UserInputError if a sequence has more masked positions than the MLM head gathers."""
+    limit = config.model.predictions(config.data.seq_len)
+    most = int(np.max(np.count_nonzero(weights_BxL, axis=1), initial=0))
+    if most > limit:
+        raise UserInputError(
+            f"the batch of step {step} has a sequence with {most} masked positions, more than the MLM head's "
+            f"{limit} (model.max_predictions_per_seq={config.model.max_predictions_per_seq}); the masking budget "
+            "is floor(15%) of the tokens, so this data was masked otherwise: raise model.max_predictions_per_seq "
+            "or set it to -1 (every position)")
 
 
 def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
     """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
 
-    The denominator is the masked-token count of the whole global batch, known before the
-    forward pass, so micro-batch terms add up to exactly the full-batch means and no pass
-    over the gradients is needed to normalise them. Accuracy compares the target's logit
-    with the maximum over the vocabulary, both of which the cross-entropy computes anyway,
-    instead of a separate argmax pass over the [B, L, V] logits, the step's largest tensor.
+    The MLM head runs on the masked positions only, gathered (`masked_positions`), unless the
+    config asks for every position (`max_predictions_per_seq=-1`); the sums are the same,
+    since the other positions have weight 0. The denominator is the masked-token count of
+    the whole global batch, known before the forward pass, so micro-batch terms add up to
+    exactly the full-batch means and no pass over the gradients is needed to normalise them.
+    Accuracy compares the target's logit with the maximum over the vocabulary, both of which
+    the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
     """
-    logits_BxLxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"],
-                               deterministic=deterministic, rngs={"dropout": rng})
-    targets_BxL = batch["targets"]
-    xent_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
-    target_logit_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-    correct_BxL = jax.lax.stop_gradient(target_logit_BxL >= jnp.max(logits_BxLxV, axis=-1)).astype(jnp.float32)
-    weights_BxL = batch["weights"]
-    return jnp.sum(xent_BxL * weights_BxL) / denominator, jnp.sum(correct_BxL * weights_BxL) / denominator
+    targets_BxL, weights_BxL = batch["targets"], batch["weights"]
+    num = model.config.predictions(targets_BxL.shape[1])
+    positions_BxP = None
+    if num < targets_BxL.shape[1]:
+        positions_BxP, weights_BxL = masked_positions(weights_BxL, num)
+        targets_BxL = jnp.take_along_axis(targets_BxL, positions_BxP, axis=1)
+    logits_BxPxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"], deterministic=deterministic,
+                               positions_BxP=positions_BxP, rngs={"dropout": rng})
+    xent_BxP = optax.softmax_cross_entropy_with_integer_labels(logits_BxPxV, targets_BxL)
+    target_logit_BxP = jnp.take_along_axis(logits_BxPxV, targets_BxL[..., None], axis=-1)[..., 0]
+    correct_BxP = jax.lax.stop_gradient(target_logit_BxP >= jnp.max(logits_BxPxV, axis=-1)).astype(jnp.float32)
+    return jnp.sum(xent_BxP * weights_BxL) / denominator, jnp.sum(correct_BxP * weights_BxL) / denominator
 
 
 def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
@@ -242,8 +296,10 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
         totals, _ = jax.lax.scan(body, zeros, jnp.arange(accum))
         return totals
 
+    impl = prng_impl(config.train.prng_impl)
+
     def train_step(state: TrainState, batch):
-        rng = jax.random.fold_in(state.rng, state.step)
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng, impl=impl), state.step)
         denominator = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
         (loss, accuracy), grads = accumulate(state.params, batch, rng, denominator)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -276,7 +332,8 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
     model = BertForMaskedLM(config.model)
     tx = make_optimizer(config.optimizer, config.train.num_steps)
     abstract, shardings = state_shardings(model, tx, config, mesh)
-    init = jax.jit(lambda: init_state(model, tx, config.train.seed, config.data.seq_len), out_shardings=shardings)
+    init = jax.jit(lambda: init_state(model, tx, config.train.seed, config.data.seq_len, config.train.prng_impl),
+                   out_shardings=shardings)
     step = jax.jit(make_train_step(model, tx, config, mesh),
                    in_shardings=(shardings, partitioning.batch_sharding(mesh)),
                    out_shardings=(shardings, partitioning.replicated(mesh)), donate_argnums=0)
@@ -506,6 +563,7 @@ def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, p
             local_batch = next(batches)
         except StopIteration:
             raise UserInputError(f"--data {config.data.data_dir}: ran out of batches at step {step}")
+        check_predictions(local_batch["weights"], config, step)
         batch = partitioning.global_batch_from_host(local_batch, mesh, global_batch)
         state, step_metrics = step_fn(state, batch)
         step += 1

@@ -8,8 +8,10 @@ import pytest
 from pmi_jax import metrics
 from pmi_jax.model import BertEncoder, BertForMaskedLM, ModelConfig
 
+# Unpadded vocabulary (vocab_multiple=1): these tests compare logits column by column with
+# transformers and count parameters; the padded layout has its own tests below.
 CONFIG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                     max_position_embeddings=40, dropout_rate=0.1, attention_dropout_rate=0.1)
+                     max_position_embeddings=40, dropout_rate=0.1, attention_dropout_rate=0.1, vocab_multiple=1)
 
 
 def _inputs(batch=3, length=12, seed=0, vocab=CONFIG.vocab_size):
@@ -165,7 +167,7 @@ def test_flops_formula_matches_the_compiled_training_step():
     import dataclasses
 
     config = dataclasses.replace(CONFIG, vocab_size=512, hidden_size=128, num_heads=4, intermediate_size=512,
-                                 max_position_embeddings=128)
+                                 max_position_embeddings=128, max_predictions_per_seq=-1)  # the full head
     model, params = _init(config)
     batch, length = 4, 128
     ids = jnp.ones((batch, length), jnp.int32)
@@ -200,3 +202,147 @@ def test_dropout_keep_mask_has_the_keep_rate_and_independent_pairs():
     y = Dropout(0.5).apply({}, x, deterministic=False, rngs={"dropout": rng})
     kept = np.asarray(y) != 0
     np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / 0.5)
+
+
+# ---------------------------------------------------------------- initialisation
+
+
+def test_initialisation_is_berts_truncated_normal():
+    """Every weight matrix: within two standard deviations (0.04) and with the std of a
+    normal(0.02) truncated there, 0.02 x 0.8796 (TF's truncated_normal_initializer(0.02))."""
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, vocab_size=3000, hidden_size=128, intermediate_size=512)
+    _, params = _init(config)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    weights = np.concatenate([np.asarray(x).ravel() for path, x in flat
+                              if str(path[-1].key) in ("kernel", "embedding")])
+    assert weights.size > 700_000
+    assert np.abs(weights).max() <= 0.04
+    assert np.abs(weights).max() > 0.0399  # the cut is at 2 std, not far inside it
+    # Truncated normal's std: sigma * sqrt(1 - 2 a phi(a) / (2 Phi(a) - 1)), a = 2.
+    from scipy.stats import norm
+
+    expected = 0.02 * np.sqrt(1 - 2 * 2 * norm.pdf(2) / (2 * norm.cdf(2) - 1))
+    # std of n draws has a relative standard error of about sqrt(kurtosis-ish / 2n); 1% is > 10 of them.
+    assert abs(weights.std() - expected) < 0.01 * expected, (weights.std(), expected)
+    assert abs(weights.mean()) < 5 * expected / np.sqrt(weights.size)
+    biases = [np.asarray(x) for path, x in flat if str(path[-1].key) == "bias"]
+    assert all(not b.any() for b in biases)
+
+
+# ---------------------------------------------------------------- the gathered head, padding, scan, remat
+
+
+def test_gathered_head_gives_the_logits_of_the_full_head_at_those_positions():
+    model, params = _init()
+    ids, mask, types = _inputs()
+    positions = jnp.asarray([[0, 3, 5, 11], [1, 2, 7, 0], [4, 4, 0, 1]], jnp.int32)
+    full = model.apply({"params": params}, ids, mask, types, deterministic=True)
+    gathered = model.apply({"params": params}, ids, mask, types, deterministic=True, positions_BxP=positions)
+    assert gathered.shape == (3, 4, CONFIG.vocab_size)
+    np.testing.assert_allclose(np.asarray(gathered), np.take_along_axis(np.asarray(full), np.asarray(positions)[..., None],
+                                                                        axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_padded_vocabulary_rows_never_take_probability():
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, vocab_multiple=128)
+    model, params = _init(config)
+    assert params["encoder"]["embed"]["word"]["embedding"].shape == (128, CONFIG.hidden_size)
+    assert params["output_bias"].shape == (128,)
+    ids, mask, types = _inputs()
+    logits = np.asarray(model.apply({"params": params}, ids, mask, types, deterministic=True))
+    assert np.all(logits[..., 97:] == -np.inf) and np.all(np.isfinite(logits[..., :97]))
+    # The real columns are those of the unpadded model with the same real rows.
+    unpadded = {**params, "output_bias": params["output_bias"][:97],
+                "encoder": {**params["encoder"], "embed": {**params["encoder"]["embed"], "word": {
+                    "embedding": params["encoder"]["embed"]["word"]["embedding"][:97]}}}}
+    expected = BertForMaskedLM(CONFIG).apply({"params": unpadded}, ids, mask, types, deterministic=True)
+    np.testing.assert_allclose(logits[..., :97], np.asarray(expected), rtol=1e-5, atol=1e-6)
+    probs = jax.nn.softmax(jnp.asarray(logits), axis=-1)
+    assert float(jnp.max(probs[..., 97:])) == 0.0
+
+
+def _scanned(config=CONFIG, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, scan_layers=True, **changes)
+
+
+def test_scanned_layers_compute_the_loop_with_stacked_parameters():
+    from pmi_jax.model import stack_layers, unstack_layers
+
+    model, params = _init()
+    scanned_model, scanned_params = _init(_scanned())
+    assert "layers" in scanned_params["encoder"] and "layer_0" not in scanned_params["encoder"]
+    # Round trip of the layouts: names and values kept, leaf for leaf.
+    unstacked = unstack_layers(scanned_params)
+    assert jax.tree.structure(unstacked) == jax.tree.structure(params)
+    assert jax.tree.map(jnp.shape, unstacked) == jax.tree.map(jnp.shape, params)
+    restacked = stack_layers(unstacked)
+    assert jax.tree.structure(restacked) == jax.tree.structure(scanned_params)
+    jax.tree.map(np.testing.assert_array_equal, restacked, scanned_params)
+    assert unstack_layers(params) is params and stack_layers(scanned_params) is scanned_params
+    # The scan computes what the loop computes on the same parameters.
+    ids, mask, types = _inputs()
+    looped = model.apply({"params": params}, ids, mask, types, deterministic=True)
+    scanned = scanned_model.apply({"params": stack_layers(params)}, ids, mask, types, deterministic=True)
+    np.testing.assert_allclose(np.asarray(scanned), np.asarray(looped), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_policies_give_the_gradients_of_no_remat(scan):
+    import dataclasses
+
+    ids, mask, types = _inputs()
+    _, params = _init(dataclasses.replace(CONFIG, scan_layers=scan))
+
+    def grads(remat):
+        model = BertForMaskedLM(dataclasses.replace(CONFIG, scan_layers=scan, remat=remat))
+
+        def loss(p):
+            logits = model.apply({"params": p}, ids, mask, types, deterministic=False,
+                                 rngs={"dropout": jax.random.key(3)})
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids).mean()
+
+        return jax.jit(jax.grad(loss))(params)
+
+    reference = grads("none")
+    for remat in ("full", "dots_saveable"):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads(remat), reference)
+
+
+def test_fused_attention_path_computes_the_explicit_one():
+    """attention_dropout_rate=0 goes through jax.nn.dot_product_attention: same function."""
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, attention_dropout_rate=0.0)
+    model, params = _init(config)
+    ids, mask, types = _inputs()
+    fused = model.apply({"params": params}, ids, mask, types, deterministic=True)
+    explicit = BertForMaskedLM(dataclasses.replace(config, attention_dropout_rate=1e-30)).apply(
+        {"params": params}, ids, mask, types, deterministic=True)  # explicit path, dropout off
+    real = np.asarray(mask, bool)
+    np.testing.assert_allclose(np.asarray(fused)[real], np.asarray(explicit)[real], rtol=1e-4, atol=1e-5)
+
+
+def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
+    """xla_cpu_variants=False: jax.random.bernoulli dropout and a plain bias add; same
+    deterministic function, same keep rate in training."""
+    import dataclasses
+
+    plain = dataclasses.replace(CONFIG, xla_cpu_variants=False)
+    model, params = _init()
+    ids, mask, types = _inputs()
+    a = model.apply({"params": params}, ids, mask, types, deterministic=True)
+    b = BertForMaskedLM(plain).apply({"params": params}, ids, mask, types, deterministic=True)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from pmi_jax.model import Dropout
+
+    x = jnp.ones((256, 512))
+    for variant in (True, False):
+        y = Dropout(0.1, cpu_variant=variant).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
+        kept = float(jnp.mean(y != 0))
+        assert abs(kept - 0.9) < 4 * np.sqrt(0.09 / x.size)

@@ -243,7 +243,69 @@ def test_mesh_that_does_not_match_the_devices(tmp_path):
 
 
 def test_parameter_the_mesh_cannot_split(tmp_path):
-    _fails_fast(tmp_path, "model.vocab_size=130", "mesh.model=4", match=r"word/embedding \(130, 32\).*vocab")
+    _fails_fast(tmp_path, "model.vocab_size=130", "model.vocab_multiple=1", "mesh.model=4",
+                match=r"word/embedding \(130, 32\).*vocab")
+
+
+def test_any_vocabulary_on_any_model_axis_gives_the_losses_of_one_device(tmp_path):
+    """131 rows (a prime) split over the model axis only because they are padded to 256."""
+    odd = ["model.vocab_size=131", "train.num_steps=4", "model.dropout_rate=0", "model.attention_dropout_rate=0"]
+    _, sharded = _run(tmp_path, "sharded", *odd, "mesh.data=4", "mesh.model=2")
+    _, single = _run(tmp_path, "single", *odd, "mesh.data=1", "mesh.model=1", devices=jax.devices()[:1])
+    np.testing.assert_allclose(_losses(sharded), _losses(single), rtol=1e-5)
+
+
+def test_rbg_randomness_gives_the_same_losses_on_every_mesh(tmp_path):
+    rbg = ["train.prng_impl=rbg", "train.num_steps=3"]
+    _, sharded = _run(tmp_path, "sharded", *rbg, "mesh.data=4", "mesh.model=2")
+    _, single = _run(tmp_path, "single", *rbg, "mesh.data=1", "mesh.model=1", devices=jax.devices()[:1])
+    np.testing.assert_allclose(_losses(sharded), _losses(single), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the gathered MLM head
+
+
+def _loss_terms(config, params, batch, deterministic):
+    from pmi_jax.model import BertForMaskedLM
+
+    denominator = max(float(batch["weights"].sum()), 1.0)
+    return train.mlm_loss_terms(BertForMaskedLM(config.model), params, batch, jax.random.key(5), denominator,
+                                deterministic=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gathered_head_gives_the_loss_and_accuracy_of_the_full_logits(deterministic):
+    gathered = _config("data.seq_len=64", "model.max_position_embeddings=64")
+    full = _config("data.seq_len=64", "model.max_position_embeddings=64", "model.max_predictions_per_seq=-1")
+    assert gathered.model.predictions(64) == 12 and full.model.predictions(64) == 64
+    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.optimizer import make_optimizer
+
+    state = train.init_state(BertForMaskedLM(gathered.model), make_optimizer(gathered.optimizer, 10), 0, 64)
+    batch = train.SyntheticBatches(128, 64, 16).global_batch(3)
+    assert batch["weights"].sum(axis=1).max() > 0
+    loss, accuracy = _loss_terms(gathered, state.params, batch, deterministic)
+    full_loss, full_accuracy = _loss_terms(full, state.params, batch, deterministic)
+    np.testing.assert_allclose(float(loss), float(full_loss), rtol=1e-5)
+    np.testing.assert_allclose(float(accuracy), float(full_accuracy), rtol=1e-6)
+    # Gradients too: the positions left out have weight 0.
+    grads = jax.grad(lambda p, c: _loss_terms(c, p, batch, deterministic)[0])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+                 grads(state.params, gathered), grads(state.params, full))
+
+
+def test_a_batch_with_more_masked_positions_than_the_head_gathers_is_an_error():
+    config = _config()  # 32 tokens: the head gathers 8 (15% rounded up to a multiple of 4)
+    assert config.model.predictions(32) == 8
+    for step in range(20):  # the synthetic batches keep to the masking budget, floor(15%)
+        weights = train.SyntheticBatches(128, 32, 16).global_batch(step)["weights"]
+        assert weights.sum(axis=1).max() <= 4
+        train.check_predictions(weights, config, step)
+    weights = np.zeros((2, 32), np.float32)
+    weights[1, :9] = 1.0
+    with pytest.raises(UserInputError, match=r"step 7 has a sequence with 9 masked positions, more than the MLM "
+                                             r"head's 8"):
+        train.check_predictions(weights, config, 7)
 
 
 def test_workdir_holding_another_model(reference):
@@ -290,9 +352,13 @@ def test_device_peaks_and_mfu():
     assert metrics.device_peak_flops("TPU v6 lite") == 918e12
     assert metrics.device_peak_flops("cpu") is None
     # BERT-base at 512 tokens: 6 x 109.0M matmul weights + 12 x 12 x 512 x 768 attention.
-    base = dataclasses.replace(load_config("base").model, vocab_size=30522)
+    base = dataclasses.replace(load_config("base").model, vocab_size=30522, max_predictions_per_seq=-1)
     per_token = metrics.training_flops_per_token(base, 512)
     assert per_token == 6 * 108_965_376 + 12 * 12 * 512 * 768
+    # The gathered head runs the transform and decoder on 80 of the 512 positions.
+    gathered = dataclasses.replace(base, max_predictions_per_seq=0)
+    head = 768 * 768 + 768 * 30522
+    assert metrics.training_flops_per_token(gathered, 512) == pytest.approx(per_token - 6 * head * (1 - 80 / 512))
     assert metrics.mfu(per_token, 1e6, 8, 989e12) == pytest.approx(per_token * 1e6 / (8 * 989e12))
     assert metrics.mfu(per_token, 1e6, 8, None) is None
 

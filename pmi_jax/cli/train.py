@@ -5,6 +5,10 @@
 
 Run the same command on every host of a TPU pod slice: jax.distributed is initialised from
 the environment there. The run resumes from the latest checkpoint in --workdir.
+
+Check that a config fits a TPU slice, on any machine with libtpu installed (nothing runs):
+
+    pmi-jax train --compile-only --topology v5p-8 --config base --set model.vocab_size=30522
 """
 from __future__ import annotations
 
@@ -34,10 +38,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--scheme", default=None,
                         help=f"masking scheme: {', '.join(SCHEMES)} ({', '.join(UNIT_SCHEMES)} need that "
                              "masking vocabulary in the corpus). Default: the config's")
-    parser.add_argument("--workdir", required=True,
+    parser.add_argument("--workdir", default=None,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
                              "checkpoint of the same model and vocabulary is resumed (the newest one that restores; "
-                             "a damaged one is moved to unreadable_checkpoints/)")
+                             "a damaged one is moved to unreadable_checkpoints/). Required unless --compile-only")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field, e.g. --set model.num_layers=4 --set train.batch_size=64 "
                              "--set mesh.model=2 (repeatable)")
@@ -58,7 +62,32 @@ def add_parser(subparsers) -> None:
                              "(with --num-processes and --process-id)")
     parser.add_argument("--num-processes", type=int, default=None, help="number of processes in the job")
     parser.add_argument("--process-id", type=int, default=None, help="index of this process, 0-based")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the train step for --topology on this machine (no TPU needed, libtpu is) and "
+                             "print the compiler's per-device HBM use against the chip's, whether it fits, its FLOPs "
+                             "and step-time estimate; nothing runs and no data is read, so model.vocab_size and "
+                             "data.seq_len must be set. Exits 1 when the program does not fit (docs/tpu.md)")
+    parser.add_argument("--topology", default=None,
+                        help="with --compile-only: the TPU slice as Google names it (v4-32, v5p-8, v5e-16, v6e-8; "
+                             "TensorCores for v4/v5p, chips for v5e/v6e) or a topology such as v5p:2x2x2")
     parser.set_defaults(func=run)
+
+
+def _compile_only(args, config) -> int:
+    """--compile-only: the compiler's report for the slice; 1 with a one-line reason when it does not fit."""
+    from pmi_jax import compile_only
+
+    if not args.topology:
+        raise UserInputError("--compile-only needs --topology, e.g. --topology v5p-8")
+    if not (config.model.vocab_size and config.data.seq_len):
+        raise UserInputError("--compile-only reads no corpus: set model.vocab_size and data.seq_len (via --set)")
+    report, _ = compile_only.compile_train_step(config, args.topology)
+    print("\n".join(report.lines()), flush=True)
+    if not report.fits:
+        print(f"pmi-jax train: does not fit: {report.total_bytes / compile_only.GiB:.2f} GiB per device needed, "
+              f"{report.hbm_bytes / compile_only.GiB:.0f} GiB on a {report.topology} chip", file=sys.stderr)
+        return 1
+    return 0
 
 
 def config_path(name_or_path: str) -> str:
@@ -127,6 +156,12 @@ def run(args) -> int:
     train_config = config.train if args.peak_flops is None else dataclasses.replace(
         config.train, peak_flops=args.peak_flops)
     config = dataclasses.replace(config, data=data, train=train_config)
+    if args.compile_only:
+        return _compile_only(args, config)
+    if args.topology:
+        raise UserInputError("--topology goes with --compile-only (a real run uses the devices it finds)")
+    if not args.workdir:
+        raise UserInputError("--workdir is required (the run directory)")
     if not config.data.data_dir:
         raise UserInputError("no corpus: pass --data DIR (or set data.data_dir in the config)")
 

@@ -1,0 +1,214 @@
+"""Compile the training step for a TPU slice that is not here, and read the compiler's figures.
+
+With libtpu installed (the `tpu` extra), `jax.experimental.topologies` describes the devices
+of any TPU slice without one being attached; the exact program a slice would run (the same
+mesh, shardings and train step as `pmi_jax.train.train`, every host of a multi-host slice
+included) is then lowered from abstract inputs and compiled for those devices. Nothing runs
+and no data is read, so a config can be checked against a slice's memory before anyone pays
+for one. The figures are the compiler's: bytes per device from `memory_analysis()`, FLOPs
+and an estimated step time from `cost_analysis()`. The estimate is the compiler's cost
+model, not a measurement; where it is not a positive number (v5e returns a negative one with
+this libtpu) it is reported as unavailable. docs/tpu.md ("Compile-only") explains the output.
+
+Slices are named as Google names them (`v4-32`, `v5p-8`, `v5e-16`, `v6e-8`: TensorCores for
+v4 and v5p, chips for v5e and v6e) or as a topology (`v5p:2x2x2`). TPU v4 is compiled in
+megacore mode, one JAX device per chip, as TPU VMs run it; without that flag libtpu describes
+a v4 chip as two devices and the mesh would not match the slice a user rents.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+from pmi_jax.config import ExperimentConfig
+from pmi_jax.errors import UserInputError
+
+GiB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    prefix: str  # jax's topology-name prefix
+    cores_in_name: bool  # True: "v4-32" counts TensorCores (2 per chip); False: chips
+    dims: int  # 3-D torus (v4, v5p) or 2-D (v5e, v6e)
+    hbm_bytes: int  # per chip, data sheet
+    device_kind: str  # jax's device_kind, for the MFU peak (pmi_jax.metrics)
+
+
+GENERATIONS = {
+    "v4": Generation("v4", True, 3, 32 * GiB, "TPU v4"),
+    "v5p": Generation("v5p", True, 3, 95 * GiB, "TPU v5"),
+    "v5e": Generation("v5e", False, 2, 16 * GiB, "TPU v5 lite"),
+    "v6e": Generation("v6e", False, 2, 32 * GiB, "TPU v6 lite"),
+}
+
+
+def slice_topology(name: str) -> tuple[Generation, str]:
+    """`v4-32` -> (v4, "v4:2x2x4"); `v5e:4x4` passes through. UserInputError for anything else."""
+    known = ", ".join(GENERATIONS)
+    match = re.fullmatch(r"(v\d+[a-z]?)([-:])(.+)", name.strip().lower())
+    generation = GENERATIONS.get(match.group(1)) if match else None
+    if generation is None:
+        raise UserInputError(f"--topology {name}: expected GEN-N or GEN:AxB[xC] with GEN one of {known}, "
+                             "e.g. v5p-8, v4-32, v5e-16, v6e-8 or v5p:2x2x2")
+    if match.group(2) == ":":
+        dims = match.group(3).split("x")
+        if len(dims) != generation.dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise UserInputError(f"--topology {name}: {generation.prefix} topologies have {generation.dims} "
+                                 "positive dimensions, e.g. " + ("2x2x2" if generation.dims == 3 else "4x4"))
+        return generation, f"{generation.prefix}:{match.group(3)}"
+    count = int(match.group(3)) if match.group(3).isdigit() else 0
+    chips = count // 2 if generation.cores_in_name else count
+    if count <= 0 or (generation.cores_in_name and count % 2) or chips & (chips - 1):
+        raise UserInputError(f"--topology {name}: the number after {match.group(1)}- must be a power of two"
+                             + (" of TensorCores (2 per chip)" if generation.cores_in_name else " of chips"))
+    return generation, f"{generation.prefix}:{'x'.join(map(str, _torus(chips, generation.dims)))}"
+
+
+def _torus(chips: int, ndims: int) -> list[int]:
+    """The standard slice shape of `chips` chips: 4 -> 2x2x1, 16 -> 2x2x4, 64 -> 4x4x4; 16 -> 4x4 in 2-D.
+
+    Slices grow by doubling the last of the smallest dimensions, which reproduces Google's
+    published shapes (v4-32 is 2x2x4, v4-64 2x4x4, v5e-32 4x8).
+    """
+    shape = [2, 2, 1] if ndims == 3 and chips >= 4 else [1] * ndims
+    while math.prod(shape) < chips:
+        smallest = min(shape)
+        last = max(i for i, s in enumerate(shape) if s == smallest)
+        shape[last] *= 2
+    return shape
+
+
+def topology_devices(name: str):
+    """(generation, topology name, the slice's compile-only devices). Needs libtpu."""
+    generation, topology = slice_topology(name)
+    # libtpu takes a machine-wide lock for the TPU chips it would drive; compiling drives
+    # none, so several compile-only processes (a sweep, tests) may load it side by side.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        from jax.experimental import topologies
+
+        kwargs = {"chip_config_name": "megacore"} if generation.prefix == "v4" else {}
+        description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs)
+    except Exception as e:  # no libtpu, or a topology libtpu does not know
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UserInputError(f"--topology {name}: cannot describe TPU slice {topology} ({reason}); compile-only "
+                             "needs libtpu: pip install -c constraints.txt -e '.[tpu]'") from e
+    return generation, topology, description.devices
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """The compiler's view of one training step on one slice; bytes and FLOPs per device."""
+
+    topology: str
+    num_devices: int
+    num_hosts: int
+    mesh: dict
+    hbm_bytes: int
+    state_bytes: int  # parameters + optimiser state held by one device
+    batch_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+    compiler_flops: float  # per device, per step
+    formula_flops: float  # pmi_jax.metrics' count for the computed model, per device, per step
+    estimated_seconds: float | None  # None when the compiler gives no usable estimate
+    peak_flops: float | None
+    # Why the FLOPs and time are not the step's, when they are not: XLA's cost analysis
+    # counts the body of a loop once, so a program with its layers in a scan (or gradient
+    # accumulation) reports a fraction of its work.
+    loop_note: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.hbm_bytes
+
+    @property
+    def estimated_mfu(self) -> float | None:
+        if not self.estimated_seconds or not self.peak_flops or self.loop_note:
+            return None
+        return self.formula_flops / self.estimated_seconds / self.peak_flops
+
+    def lines(self) -> list[str]:
+        def gib(n):
+            return f"{n / GiB:.2f} GiB"
+
+        if self.loop_note:
+            estimate = f"not available ({self.loop_note})"
+        elif self.estimated_seconds and self.estimated_mfu is not None:
+            estimate = f"{self.estimated_seconds * 1000:.1f} ms per step, estimated MFU {100 * self.estimated_mfu:.1f}%"
+        else:
+            estimate = "not available (the compiler's estimate for this chip is not a positive time)"
+        flops = (f"FLOPs per device per step: compiler {self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
+                 + (f"(compiler / formula = {self.compiler_flops / self.formula_flops:.3f})" if not self.loop_note
+                    else "(the compiler's count covers one pass of each loop body)"))
+        return [
+            f"topology {self.topology}: {self.num_devices} devices on {self.num_hosts} hosts, mesh {self.mesh}",
+            f"HBM per device: state (params + optimiser) {gib(self.state_bytes)}, temporaries "
+            f"{gib(self.temp_bytes)}, batch {gib(self.batch_bytes)}, code {gib(self.code_bytes)}; "
+            f"total {gib(self.total_bytes)} of {gib(self.hbm_bytes)}: " + ("fits" if self.fits else "DOES NOT FIT"),
+            flops,
+            f"compiler's step-time estimate (not a measurement): {estimate}",
+        ]
+
+
+def _bytes_per_device(abstract, shardings) -> int:
+    import jax
+
+    leaves = zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
+    return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves)
+
+
+def compile_train_step(config: ExperimentConfig, topology_name: str):
+    """(CompileReport, the compiled executable) for `config` on the named slice.
+
+    Raises UserInputError when the slice cannot be described, the config does not fit the
+    mesh, or XLA rejects the program (e.g. out of memory at compile time).
+    """
+    import jax
+    import numpy as np
+
+    from pmi_jax import metrics, partitioning, train
+
+    generation, topology, devices = topology_devices(topology_name)
+    mesh = partitioning.make_mesh(config.mesh, devices)
+    train.validate(config, mesh)
+    with partitioning.activate(mesh, config.mesh):
+        program = train.build_program(config, mesh)
+        state = program.restore_target()
+        batch_sharding = partitioning.batch_sharding(mesh)
+        shape = (config.train.batch_size, config.data.seq_len)
+        batch = {k: jax.ShapeDtypeStruct(shape, np.float32 if k == "weights" else np.int32, sharding=batch_sharding)
+                 for k in train.BATCH_KEYS}
+        try:
+            compiled = program.step.lower(train.TrainState(**state), batch).compile()
+        except Exception as e:  # XLA's errors (resource exhausted, ...) as one line
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise UserInputError(f"--topology {topology_name}: the train step does not compile for {topology}: "
+                                 f"{first[:400]}") from e
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    estimate = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    state_bytes = _bytes_per_device(program.abstract, program.shardings)
+    batch_bytes = sum(_bytes_per_device(b, b.sharding) for b in batch.values())
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+             + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
+    tokens = config.train.batch_size * config.data.seq_len
+    formula = metrics.training_flops_per_token(config.model, config.data.seq_len) * tokens / len(devices)
+    loops = [what for what, on in (("model.scan_layers", config.model.scan_layers),
+                                   ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
+    loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "
+                 "compile with model.scan_layers=false and optimizer.grad_accum_steps=1 for the step's FLOPs and "
+                 "time" if loops else None)
+    report = CompileReport(
+        topology=topology, num_devices=len(devices), num_hosts=len({d.process_index for d in devices}),
+        mesh=dict(mesh.shape), hbm_bytes=generation.hbm_bytes, state_bytes=state_bytes, batch_bytes=batch_bytes,
+        temp_bytes=memory.temp_size_in_bytes, code_bytes=memory.generated_code_size_in_bytes, total_bytes=total,
+        compiler_flops=float(cost.get("flops", 0.0)), formula_flops=formula,
+        estimated_seconds=estimate if estimate > 0 else None,
+        peak_flops=config.train.peak_flops or metrics.device_peak_flops(generation.device_kind), loop_note=loop_note)
+    return report, compiled

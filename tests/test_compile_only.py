@@ -1,0 +1,93 @@
+"""Compile-only training for TPU slices: slice names, and a real compile of `tiny` when libtpu is installed."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pmi_jax import compile_only
+from pmi_jax.errors import UserInputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, "-c", "import sys; from pmi_jax.cli import main; sys.exit(main())"]
+TINY = ["model.vocab_size=1000", "data.seq_len=64", "train.batch_size=16"]
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install -c constraints.txt -e '.[tpu]')")
+
+
+@pytest.mark.parametrize("name, topology", [
+    ("v5p-8", "v5p:2x2x1"), ("v4-32", "v4:2x2x4"), ("v4-64", "v4:2x4x4"), ("v4-128", "v4:4x4x4"),
+    ("v5p-256", "v5p:4x4x8"), ("v5e-16", "v5e:4x4"), ("v5e-32", "v5e:4x8"),
+    ("v6e-8", "v6e:2x4"), ("v6e-1", "v6e:1x1"), ("v5p:2x2x2", "v5p:2x2x2"), ("V5E-4", "v5e:2x2")])
+def test_slice_names_become_googles_topologies(name, topology):
+    assert compile_only.slice_topology(name)[1] == topology
+
+
+@pytest.mark.parametrize("name", ["v3-8", "v5p-12", "v4-7", "v5e:4x4x4", "v5p:2x2", "tpu", "v6e-0"])
+def test_unknown_slices_are_user_errors(name):
+    with pytest.raises(UserInputError, match="--topology"):
+        compile_only.slice_topology(name)
+
+
+def _config(*overrides):
+    from pmi_jax.cli.train import load_config
+    from pmi_jax.config import apply_overrides
+
+    return apply_overrides(load_config("tiny"), TINY + list(overrides))
+
+
+@needs_libtpu
+def test_tiny_compiles_for_a_v4_slice_with_one_device_per_chip():
+    """v4-32 is 16 chips on 4 hosts; in megacore mode that is 16 devices, and the figures
+    are internally consistent: the replicated state is params + AdamW's two moments."""
+    import jax
+
+    from pmi_jax import metrics
+    from pmi_jax.model import BertForMaskedLM
+
+    config = _config("model.scan_layers=true", "model.remat=dots_saveable")
+    report, _ = compile_only.compile_train_step(config, "v4-32")
+    assert (report.topology, report.num_devices, report.num_hosts) == ("v4:2x2x4", 16, 4)
+    assert report.mesh == {"data": 16, "fsdp": 1, "model": 1}
+    params = jax.eval_shape(lambda: BertForMaskedLM(config.model).init(
+        jax.random.key(0), jax.numpy.zeros((1, 64), "int32"), jax.numpy.ones((1, 64), "int32"), deterministic=True))
+    num_params = sum(x.size for x in jax.tree.leaves(params))
+    assert 3 * 4 * num_params <= report.state_bytes <= 3 * 4 * num_params + 64  # + step, count, rng
+    assert report.batch_bytes == 4 * 16 * 64 * 4 // 16  # four [16, 64] 4-byte arrays split 16 ways
+    assert report.fits and report.hbm_bytes == 32 * 2**30
+    assert report.total_bytes >= report.state_bytes + report.temp_bytes
+    per_device = metrics.training_flops_per_token(config.model, 64) * 16 * 64 / 16
+    assert report.formula_flops == pytest.approx(per_device)
+    assert report.compiler_flops > 0
+    assert any("fits" in line for line in report.lines())
+
+
+@needs_libtpu
+def test_cli_compile_only_prints_the_report_and_reads_no_data(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    sets = [a for s in TINY for a in ("--set", s)]
+    proc = subprocess.run([*CLI, "train", "--config", "tiny", "--compile-only",
+                           "--topology", "v5e-4", *sets], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "topology v5e:2x2: 4 devices" in proc.stdout and ": fits" in proc.stdout
+    assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_cli_compile_only_needs_the_sizes_a_corpus_would_give():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([*CLI, "train", "--config", "base", "--compile-only",
+                           "--topology", "v5p-8"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("set model.vocab_size and data.seq_len (via --set)")
+
+
+def test_a_program_that_does_not_fit_is_reported_as_such():
+    report = compile_only.CompileReport(
+        topology="v5e:4x4", num_devices=16, num_hosts=4, mesh={}, hbm_bytes=16 * 2**30, state_bytes=2**30,
+        batch_bytes=0, temp_bytes=20 * 2**30, code_bytes=0, total_bytes=21 * 2**30, compiler_flops=1.0,
+        formula_flops=1.0, estimated_seconds=None, peak_flops=197e12)
+    assert not report.fits and report.estimated_mfu is None
+    text = "\n".join(report.lines())
+    assert "DOES NOT FIT" in text and "not available" in text
