@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Mapping
 
+import jax
 import numpy as np
 
 from pmi_jax.config import ModelConfig
@@ -116,15 +117,13 @@ def _to_ours(y: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray:
 def _per_layer(params):
     from pmi_jax import model
 
-    if "layer_0" not in params["encoder"] and hasattr(model, "unstack_layers"):
-        return model.unstack_layers(params)
-    return params
+    return model.unstack_layers(params)  # per-layer params come back as they are
 
 
 def _model_layout(params_per_layer, abstract_params):
     from pmi_jax import model
 
-    if "layer_0" not in abstract_params["encoder"] and hasattr(model, "stack_layers"):
+    if model.SCANNED_LAYERS in abstract_params["encoder"]:
         return model.stack_layers(params_per_layer)
     return params_per_layer
 
@@ -172,7 +171,7 @@ def from_transformers(tensors: Mapping[str, np.ndarray], config: ModelConfig, ab
     for tied, original in _TIED.items():
         if tied in tensors and not np.array_equal(tensors[tied], tensors[original]):
             raise UserInputError(f"{source}: {tied} differs from {original}; this model ties them")
-    per_layer = _per_layer(abstract_params)
+    per_layer = jax.eval_shape(_per_layer, abstract_params)  # shapes only: nothing is allocated
     params: dict = {}
     for t in table:
         shape = tuple(_get(per_layer, t.path).shape)

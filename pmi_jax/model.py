@@ -188,9 +188,16 @@ class BertEmbeddings(nn.Module):
         self.dropout = _dropout(c, c.dropout_rate)
 
     def __call__(self, input_ids_BxL, token_type_ids_BxL, *, deterministic: bool):
+        c = self.config
         positions_1xL = jnp.arange(input_ids_BxL.shape[1])[None, :]
+        # Token types (BERT has 2) enter as a one-hot product, not a gather: the gather's gradient
+        # is a scatter-add of every token's gradient onto the same one or two rows, which an H100
+        # serialises on atomics (55 of BERT-base's 148 ms per step at batch 32 x 512, bf16;
+        # benchmarks/README.md, "GPU"). The product's gradient is a plain reduction; the values are
+        # the gathered rows exactly (1 x row + 0 x other rows).
+        types_BxLxT = jax.nn.one_hot(token_type_ids_BxL, c.type_vocab_size, dtype=_dtype(c))
         x_BxLxD = (self.word(input_ids_BxL) + self.position(positions_1xL)
-                   + self.token_type(token_type_ids_BxL))
+                   + types_BxLxT @ self.token_type.embedding.astype(_dtype(c)))
         x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
         return self.dropout(self.layer_norm(x_BxLxD), deterministic=deterministic)
 

@@ -269,3 +269,33 @@ def test_init_from_errors(english, exported, tmp_path, capsys):
     assert main(_train_args(data_dir, workdir, *SIZE, "train.num_steps=1") + ["--init-from", torch_only]) == 2
     assert "needs PyTorch" in _one_line_error(capsys)
     assert not os.path.exists(workdir)
+
+
+def test_scanned_layers_map_to_the_same_transformers_tensors():
+    """A scanned model exports BERT's per-layer tensors, and importing them rebuilds its stacked params."""
+    import flax.linen as nn
+    import jax
+
+    from pmi_jax import huggingface
+    from pmi_jax.checkpoints import abstract_model_params
+    from pmi_jax.config import ModelConfig
+    from pmi_jax.model import SCANNED_LAYERS, BertForMaskedLM, unstack_layers
+
+    config = ModelConfig(vocab_size=300, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64,
+                         max_position_embeddings=64, scan_layers=True)
+    model = BertForMaskedLM(config)
+    ids = jax.numpy.zeros((1, 8), jax.numpy.int32)
+    params = nn.unbox(model.init(jax.random.key(1), ids, ids, deterministic=True))["params"]
+    assert SCANNED_LAYERS in params["encoder"]
+    tensors = huggingface.to_transformers(params, config, vocab_size=300)
+    assert tensors["bert.encoder.layer.2.output.dense.weight"].shape == (32, 64)
+    flat = huggingface.to_transformers(unstack_layers(params), config, vocab_size=300)
+    assert tensors.keys() == flat.keys() and all(np.array_equal(tensors[k], flat[k]) for k in tensors)
+    back = huggingface.from_transformers(tensors, config, abstract_model_params(model), "test")
+    assert SCANNED_LAYERS in back["encoder"]
+    for path, value in jax.tree_util.tree_leaves_with_path(params):
+        restored = back
+        for key in path:
+            restored = restored[key.key]
+        rows = 300 if value.shape[0] == config.padded_vocab_size else None  # padded rows are not exported
+        np.testing.assert_array_equal(np.asarray(restored)[:rows], np.asarray(value)[:rows])

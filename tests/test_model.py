@@ -346,3 +346,40 @@ def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
         y = Dropout(0.1, cpu_variant=variant).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
         kept = float(jnp.mean(y != 0))
         assert abs(kept - 0.9) < 4 * np.sqrt(0.09 / x.size)
+
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_token_type_embedding_equals_the_gather_it_replaces(dtype):
+    """The embeddings' one-hot product for token types gives what a gather of the table's rows
+    gives, values and gradients: only the gradient's computation changed (a reduction, no scatter)."""
+    import dataclasses
+
+    import flax.linen as nn
+
+    from pmi_jax.model import BertEmbeddings
+
+    config = dataclasses.replace(CONFIG, dtype=dtype, dropout_rate=0.0)
+    module = BertEmbeddings(config)
+    rng = np.random.default_rng(0)
+    ids_BxL = jnp.asarray(rng.integers(0, 97, (3, 10)), jnp.int32)
+    types_BxL = jnp.asarray(rng.integers(0, 2, (3, 10)), jnp.int32)
+    params = nn.unbox(module.init(jax.random.key(0), ids_BxL, types_BxL, deterministic=True))["params"]
+    g_BxLxD = jax.random.normal(jax.random.key(2), (3, 10, config.hidden_size))
+
+    def gathered(m, ids, types):  # the plain nn.Embed lookups, then the module's own LayerNorm
+        return m.layer_norm(m.word(ids) + m.position(jnp.arange(10)[None, :]) + m.token_type(types))
+
+    def loss(p, method):
+        out = module.apply({"params": p}, ids_BxL, types_BxL, method=method, **(
+            {} if method else {"deterministic": True}))
+        return jnp.sum(out.astype(jnp.float32) * g_BxLxD)
+
+    ours = module.apply({"params": params}, ids_BxL, types_BxL, deterministic=True)
+    reference = module.apply({"params": params}, ids_BxL, types_BxL, method=gathered)
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(reference, np.float32))
+    grad_ours = jax.grad(loss)(params, None)["token_type"]["embedding"]
+    grad_reference = jax.grad(loss)(params, gathered)["token_type"]["embedding"]
+    # bf16 gradients are summed in bf16 in a different order: compare relative norms (bf16 ~ 1e-2).
+    error = np.linalg.norm(grad_ours - grad_reference) / np.linalg.norm(grad_reference)
+    assert error < (2e-2 if dtype == "bfloat16" else 1e-6), error
