@@ -40,6 +40,9 @@ def setup_venv() -> None:
         venv.create(VENV, with_pip=True)
     pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     run(*pip, "-c", "constraints.txt", "-e", ".[dev,bench]")
+    # libtpu in a folder of its own: the compile-only tests put it on their subprocesses' path, while
+    # every other process stays CPU-only (with libtpu importable, JAX probes for a TPU at start-up).
+    run(*pip, "--no-deps", "--upgrade", "--target", str(VENV / "libtpu"), "-c", "constraints.txt", "libtpu")
     STAMP.write_text(fingerprint)
 
 
