@@ -368,7 +368,7 @@ def read_pretrained(directory: str) -> Pretrained:
     return Pretrained(directory, fields, vocab, tokens)
 
 
-def check_vocabulary(pretrained: Pretrained, corpus_vocab: str) -> None:
+def check_corpus_vocabulary_is_pretrained(pretrained: Pretrained, corpus_vocab: str) -> None:
     """The corpus must be written in the checkpoint's token ids: the same vocab.txt, token for token."""
     from pmi_jax.formats import wordpiece_vocab
 

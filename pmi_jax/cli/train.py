@@ -178,7 +178,7 @@ def run(args) -> int:
         if pretrained is not None:
             from pmi_jax.formats import prepared_corpus
 
-            huggingface.check_vocabulary(pretrained, prepared_corpus.vocab_path(config.data.data_dir))
+            huggingface.check_corpus_vocabulary_is_pretrained(pretrained, prepared_corpus.vocab_path(config.data.data_dir))
         config = train.configure_for_corpus(config, corpus)
         source = train.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split, config.data.seq_len,
                                    config.train.batch_size, config.data.seed)
