@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax.compare.runs import read_run
     from pmi_jax.errors import UserInputError
 
-    storage.check_new_output(args.output, args.overwrite)
+    storage.check_new_output(args.output, args.overwrite, directory=True)
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]

@@ -117,7 +117,7 @@ def run_hf(args: argparse.Namespace) -> int:
     from pmi_jax import checkpoints, huggingface, storage
     from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
 
-    storage.check_new_output(args.output, args.overwrite)
+    storage.check_new_output(args.output, args.overwrite, directory=True)
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax narrates every restore
     checkpoint = _checkpoint_path(args.checkpoint, args.step)
     config, params, metadata = checkpoints.restore_for_eval(checkpoint)
