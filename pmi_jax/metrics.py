@@ -89,6 +89,8 @@ class MetricWriter:
         if not enabled:
             return
         jsonl = os.path.join(logdir, "metrics.jsonl") if "://" not in logdir else logdir.rstrip("/") + "/metrics.jsonl"
+        if "://" not in jsonl:
+            _drop_cut_line(jsonl)
         try:
             import tensorflow as tf
         except ImportError:
@@ -127,6 +129,17 @@ class MetricWriter:
             if self._tb is not None:
                 self._tb.close()
             self._jsonl.close()
+
+
+def _drop_cut_line(path: str) -> None:
+    """A run killed mid-write leaves a last line without its newline; the resumed run appends to
+    the file, so cut that partial line first, or it would fuse with the next record."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _format(name: str, value: float) -> str:
