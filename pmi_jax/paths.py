@@ -23,3 +23,10 @@ def absolute(path: str) -> str:
 
 def absolute_or_none(path: str | None) -> str | None:
     return None if path is None else absolute(path)
+
+
+def make_absolute(args, *names: str) -> None:
+    """Resolve the named path attributes of parsed arguments in place (those that are set)."""
+    for name in names:
+        if getattr(args, name, None):
+            setattr(args, name, absolute(getattr(args, name)))

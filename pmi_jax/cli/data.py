@@ -86,9 +86,7 @@ def _examples(args: argparse.Namespace):
 def _absolute_paths(args: argparse.Namespace) -> None:
     from pmi_jax import paths
 
-    args.data = paths.absolute(args.data)
-    if getattr(args, "output", None):
-        args.output = paths.absolute(args.output)
+    paths.make_absolute(args, "data", "output")
 
 
 def run_dump(args: argparse.Namespace) -> int:

@@ -170,12 +170,9 @@ def _read_examples(task, args: argparse.Namespace, split: str) -> list:
 
 
 def _absolute_paths(args: argparse.Namespace) -> None:
-    """Resolve the local paths against the directory the command runs in (paths.absolute)."""
     from pmi_jax import paths
 
-    for name in ("checkpoint", "data", "output", "vocab", "tfds_data_dir"):
-        if getattr(args, name, None):
-            setattr(args, name, paths.absolute(getattr(args, name)))
+    paths.make_absolute(args, "checkpoint", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
 def _run_dir(checkpoint: str) -> str:
