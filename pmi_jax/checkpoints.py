@@ -42,6 +42,15 @@ def checkpoint_dir(workdir: str) -> str:
     return paths.absolute(workdir).rstrip("/") + "/" + CHECKPOINT_DIR
 
 
+def step_directories(workdir: str) -> list[int]:
+    """The steps that have a `checkpoints/<step>` directory, ascending; complete or not (Orbax's
+    listing, `Checkpointer.all_steps`, is the one that knows which saves finished)."""
+    root = epath.Path(checkpoint_dir(workdir))
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+
+
 class Checkpointer:
     """Saves every `every_steps` (plus forced saves at the end and on SIGTERM), keeps `keep`."""
 

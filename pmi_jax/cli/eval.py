@@ -191,8 +191,7 @@ def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
         return [checkpoint]
     run = _run_dir(checkpoint)
     folder = checkpoints.checkpoint_dir(run)
-    available = sorted(int(n.rstrip("/")) for n in (storage.gfile.listdir(folder) if storage.gfile.isdir(folder)
-                                                    else []) if n.rstrip("/").isdigit())
+    available = checkpoints.step_directories(run)
     if not available:
         raise UserInputError(f"--checkpoint {checkpoint}: no checkpoints/<step> directories in {run}")
     if steps == "all":

@@ -49,7 +49,7 @@ def _checkpoint_path(checkpoint: str, step: int | None) -> str:
     if not storage.gfile.isdir(root):
         raise UserInputError(f"--checkpoint {checkpoint}: no {checkpoints.CHECKPOINT_DIR}/ directory: not a "
                              "pmi-jax training workdir")
-    steps = sorted(int(n.rstrip("/")) for n in storage.gfile.listdir(root) if n.rstrip("/").isdigit())
+    steps = checkpoints.step_directories(checkpoint)
     if step not in steps:
         raise UserInputError(f"--step {step}: {checkpoint} has no checkpoint at that step "
                              f"(steps: {', '.join(map(str, steps)) or 'none'})")
