@@ -32,6 +32,7 @@ COMMON = ("model.vocab_size=30522", "data.seq_len=512", "train.batch_size=256", 
 # One option at a time, away from the recommended setting (configs/base.py, configs/large.py).
 TOGGLES = {
     "full_logits": ("model.max_predictions_per_seq=-1",),
+    "scan": ("model.scan_layers=true",),
     "no_scan": ("model.scan_layers=false",),
     "remat_none": ("model.remat=none",),
     "remat_full": ("model.remat=full",),
@@ -46,11 +47,17 @@ TOGGLE_CELLS = ("base/v5p-8", "large/v5e-16")
 
 
 def default_plan() -> list[tuple[str, str, str]]:
-    """(size, topology, option label): the recommended cells first, then the toggles."""
+    """(size, topology, option label): the recommended cells first, then the toggles.
+
+    A toggle that leaves a size's recommended config as it is (`no_scan` for base, which is
+    not scanned; `remat_dots` for large, which already uses it) is not a cell.
+    """
     plan = [(size, topology, "recommended") for size in SIZES for topology in TOPOLOGIES]
     for cell in TOGGLE_CELLS:
         size, topology = cell.split("/")
-        plan += [(size, topology, label) for label in TOGGLES]
+        recommended = apply_overrides(load_config(size), list(COMMON))
+        plan += [(size, topology, label) for label, overrides in TOGGLES.items()
+                 if apply_overrides(load_config(size), list(COMMON) + list(overrides)) != recommended]
     return plan
 
 
