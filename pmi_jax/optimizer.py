@@ -33,10 +33,20 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(config: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
-    schedule = learning_rate_schedule(config, num_steps)
-    adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                        weight_decay=config.weight_decay, mask=weight_decay_mask)
+def adamw(config: OptimizerConfig, learning_rate: float | optax.Schedule) -> optax.GradientTransformation:
+    """Gradient clipping, then AdamW with BERT's weight-decay mask, at `learning_rate`.
+
+    Pretraining passes its schedule (`make_optimizer`); fine-tuning passes 1.0 and scales the
+    update by a traced learning rate in its step, so that every learning rate of its grid
+    shares one compiled step (`pmi_jax.eval.finetune`).
+    """
+    transform = optax.adamw(learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
+                            weight_decay=config.weight_decay, mask=weight_decay_mask)
     if config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
-    return adamw
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), transform)
+    return transform
+
+
+def make_optimizer(config: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+    """Pretraining's optimizer: `adamw` on `learning_rate_schedule`."""
+    return adamw(config, learning_rate_schedule(config, num_steps))

@@ -1,4 +1,10 @@
-"""A seqio Vocabulary over a BERT WordPiece `vocab.txt`, so seqio tooling can show examples.
+"""The WordPiece vocabulary of a model: a seqio Vocabulary over a BERT `vocab.txt`.
+
+One type serves every reader of a trained model's vocabulary: seqio tooling (showing
+examples), evaluation and fine-tuning (batched encoding, word pieces with offsets), and its
+SHA-256, which checkpoints record. Corpus preparation cuts words it has already split into
+pieces with `preprocess.wordpiece.WordPieceEncoder` instead, because it needs the word
+boundaries; the two give the same ids (tests/test_wordpiece.py).
 
 Encoding runs tensorflow_text's BertTokenizer with lower-casing, the same word splitting as
 the rest of the project (`preprocess/words.py`); decoding joins `##` continuation pieces to
@@ -11,14 +17,17 @@ into one sequence), so `eos_id` is None and decoding never stops early.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
+from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats.wordpiece_vocab import read_vocab
+from pmi_jax.formats import wordpiece_vocab
 
-SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+_CHUNK = 4096  # strings per tensorflow_text call in batched encoding: bounded memory on QQP/MNLI-sized inputs
 
 
 class WordPieceVocabulary(seqio.Vocabulary):
@@ -27,12 +36,8 @@ class WordPieceVocabulary(seqio.Vocabulary):
     def __init__(self, vocab_path: str):
         super().__init__(extra_ids=0)
         self._path = vocab_path
-        self._tokens = read_vocab(vocab_path)
-        index = {t: i for i, t in enumerate(self._tokens)}
-        missing = [t for t in SPECIAL_TOKENS.values() if t not in index]
-        if missing:
-            raise UserInputError(f"vocabulary {vocab_path}: missing special tokens {' '.join(missing)}")
-        self.special_ids = {name: index[token] for name, token in SPECIAL_TOKENS.items()}
+        self._tokens = wordpiece_vocab.read_vocab(vocab_path)
+        self.special_ids = wordpiece_vocab.special_ids(self._tokens, f"vocabulary {vocab_path}")
         if self.special_ids["pad"] != seqio.vocabularies.PAD_ID:
             raise UserInputError(f"{vocab_path}: [PAD] must be id 0 (line 1), found at id {self.special_ids['pad']}")
 
@@ -55,6 +60,19 @@ class WordPieceVocabulary(seqio.Vocabulary):
     @property
     def mask_id(self) -> int:
         return self.special_ids["mask"]
+
+    @property
+    def cls_id(self) -> int:
+        return self.special_ids["cls"]
+
+    @property
+    def sep_id(self) -> int:
+        return self.special_ids["sep"]
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """What checkpoints record as `vocab_sha256` (formats.wordpiece_vocab.check_matches_checkpoint)."""
+        return storage.file_sha256(self._path)
 
     @property
     def _base_vocab_size(self) -> int:
@@ -84,6 +102,30 @@ class WordPieceVocabulary(seqio.Vocabulary):
         if s.shape.rank == 0:
             return tf.cast(pieces_BxWxP.flat_values, tf.int32)
         return tf.cast(pieces_BxWxP.merge_dims(1, 2), tf.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens), in chunks so memory stays bounded."""
+        out = []
+        for begin in range(0, len(texts), _CHUNK):
+            ragged = self.bert_tokenizer.tokenize(list(texts[begin:begin + _CHUNK])).merge_dims(1, 2)
+            out.extend(ragged.to_list())
+        return out
+
+    def encode_words(self, words: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """WordPieces of each word, flat: (ids [P], starts [P], ends [P], row_splits [W + 1]).
+
+        start/end are byte offsets into the word *after* BERT's normalisation (case folding,
+        NFD, accents stripped), which is what SQuAD needs to map answers back to the text;
+        word w owns pieces row_splits[w]:row_splits[w + 1].
+        """
+        parts, lengths = [], [np.zeros([1], np.int64)]
+        for begin in range(0, len(words), _CHUNK):
+            ids, starts, ends = self.bert_tokenizer.tokenize_with_offsets(list(words[begin:begin + _CHUNK]))
+            ids, starts, ends = (x.merge_dims(1, 2) for x in (ids, starts, ends))
+            parts.append([x.flat_values.numpy() for x in (ids, starts, ends)])
+            lengths.append(np.diff(ids.row_splits.numpy()))
+        flat = [np.concatenate([p[k] for p in parts]) if parts else np.zeros([0], np.int64) for k in range(3)]
+        return flat[0], flat[1], flat[2], np.cumsum(np.concatenate(lengths))
 
     def _encode(self, s: str) -> list[int]:
         return self._encode_tf(tf.constant(s)).numpy().tolist()

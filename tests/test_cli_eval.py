@@ -106,7 +106,8 @@ def test_finetune_refuses_a_vocabulary_the_checkpoint_was_not_trained_with(corpu
     vocab = eval_data.write_vocab(str(tmp_path / "vocab.txt"))
     assert main(["eval", "finetune", "--checkpoint", corpus_checkpoint, "--task", "glue/rte", "--data", data,
                  "--vocab", vocab]) == 2
-    assert "is not the one checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--vocab {vocab} is not the vocabulary checkpoint" in err and err.count("\n") == 1
 
 
 @pytest.fixture(scope="module")

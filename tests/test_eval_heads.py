@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pmi_jax.eval import finetune, glue, protocols, race, squad
-from pmi_jax.eval.wordpiece import WordPiece
+from pmi_jax.vocabularies import WordPieceVocabulary
 from tests import eval_data
 
 FIT_LR = 3e-3
@@ -19,7 +19,7 @@ FIT_LR = 3e-3
 
 @pytest.fixture(scope="module")
 def wordpiece(tmp_path_factory):
-    return WordPiece(eval_data.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt")))
+    return WordPieceVocabulary(eval_data.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt")))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ import tensorflow as tf
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import glue, race, squad
 from pmi_jax.eval.heads import Encoded
-from pmi_jax.eval.wordpiece import WordPiece, check_matches_checkpoint, pack, truncate_pair
+from pmi_jax.eval.packing import pack, truncate_pair
+from pmi_jax.formats.wordpiece_vocab import check_matches_checkpoint
+from pmi_jax.vocabularies import WordPieceVocabulary
 from tests import eval_data
 
 MNLI_TRAIN_HEADER = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
@@ -82,7 +84,7 @@ def _write_glue(root, task_name):
 
 @pytest.fixture(scope="module")
 def wordpiece(tmp_path_factory):
-    return WordPiece(eval_data.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt")))
+    return WordPieceVocabulary(eval_data.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt")))
 
 
 # ---- GLUE ----------------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ def test_glue_scores_follow_the_leaderboard():
 def test_pairs_are_cut_longest_first_and_packed_as_bert(wordpiece):
     assert truncate_pair([1, 2, 3, 4, 5], [6, 7], 5) == ([1, 2, 3], [6, 7])
     assert truncate_pair([1, 2, 3], [6, 7, 8, 9], 4) == ([1, 2], [6, 7])
-    ids = wordpiece.encode(["the cat sat", "on the mat ."])
+    ids = wordpiece.encode_batch(["the cat sat", "on the mat ."])
     packed = pack(wordpiece, [(ids[0], ids[1])], 8)
     cls, sep = wordpiece.cls_id, wordpiece.sep_id
     the, cat, sat, on = (wordpiece.tokens.index(w) for w in ("the", "cat", "sat", "on"))
@@ -161,14 +163,21 @@ def test_pairs_are_cut_longest_first_and_packed_as_bert(wordpiece):
 
 
 def test_vocabulary_mismatch_is_refused(tmp_path, wordpiece):
-    with pytest.raises(UserInputError, match="is not the one checkpoint ck was trained on"):
-        check_matches_checkpoint(wordpiece, {"vocab_sha256": "0" * 64}, wordpiece.vocab_size, "ck")
+    def check(expected_sha256, vocab_size):
+        check_matches_checkpoint("--vocab v.txt", sha256=wordpiece.sha256, size=wordpiece.vocab_size,
+                                 expected_sha256=expected_sha256, vocab_size=vocab_size, checkpoint="ck")
+
+    check(wordpiece.sha256, wordpiece.vocab_size)
+    check(None, wordpiece.vocab_size)  # a checkpoint that recorded no hash: the size still has to agree
+    with pytest.raises(UserInputError, match="--vocab v.txt is not the vocabulary checkpoint ck was trained with "
+                                             r"\(sha256 [0-9a-f]{12}, the checkpoint recorded 000000000000\)"):
+        check("0" * 64, wordpiece.vocab_size)
     size = eval_data.vocab_size()
-    with pytest.raises(UserInputError, match=f"has {size} tokens but checkpoint ck has vocab_size 99"):
-        check_matches_checkpoint(wordpiece, {"vocab_sha256": wordpiece.sha256}, 99, "ck")
+    with pytest.raises(UserInputError, match=f"--vocab v.txt has {size} tokens, checkpoint ck has vocab_size 99"):
+        check(wordpiece.sha256, 99)
     (tmp_path / "v.txt").write_text("the\ncat\n")
-    with pytest.raises(UserInputError, match=r"missing special tokens \[PAD\]"):
-        WordPiece(str(tmp_path / "v.txt"))
+    with pytest.raises(UserInputError, match=r"missing special token\(s\) \[PAD\] \[UNK\]"):
+        WordPieceVocabulary(str(tmp_path / "v.txt"))
 
 
 # ---- SQuAD 2.0 --------------------------------------------------------------------------------------

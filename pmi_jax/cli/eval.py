@@ -276,7 +276,8 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import finetune
-    from pmi_jax.eval.wordpiece import WordPiece, check_matches_checkpoint
+    from pmi_jax.formats.wordpiece_vocab import check_matches_checkpoint
+    from pmi_jax.vocabularies import WordPieceVocabulary
 
     task = finetune.get_task(args.task)
     settings = _finetune_config(args)
@@ -309,7 +310,7 @@ def run_finetune(args: argparse.Namespace) -> int:
                                    else None)
             if not vocab:
                 raise UserInputError(f"checkpoint {path} records no corpus; pass --vocab")
-            wordpiece = WordPiece(vocab)
+            wordpiece = WordPieceVocabulary(vocab)
             max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
             if max_seq_len > config.max_position_embeddings:
                 raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
@@ -324,7 +325,10 @@ def run_finetune(args: argparse.Namespace) -> int:
                 encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
                 logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
                              len(encoded[split].arrays["input_ids"]))
-        check_matches_checkpoint(wordpiece, metadata, config.vocab_size, path)
+        check_matches_checkpoint(f"--vocab {vocab}" if args.vocab else f"the corpus's vocabulary {vocab}",
+                                 sha256=wordpiece.sha256, size=wordpiece.vocab_size,
+                                 expected_sha256=metadata.get("vocab_sha256"), vocab_size=config.vocab_size,
+                                 checkpoint=path)
 
         result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
                                               dataclasses.replace(settings, max_seq_len=max_seq_len),

@@ -65,17 +65,12 @@ def _vocabulary(vocab: str | None, metadata: dict, checkpoint: str, vocab_size: 
     path = vocab or (prepared_corpus.vocab_path(data_dir) if data_dir and metadata.get("vocab_sha256") else None)
     if not path:
         raise UserInputError(f"checkpoint {checkpoint} records no corpus vocabulary; pass --vocab VOCAB_TXT")
-    option = "--vocab" if vocab else f"the corpus {data_dir}:"
     tokens = wordpiece_vocab.read_vocab(path)
-    if metadata.get("vocab_sha256") and storage.file_sha256(path) != metadata["vocab_sha256"]:
-        raise UserInputError(f"{option} {path} is not the vocabulary checkpoint {checkpoint} was trained with "
-                             "(sha256 differs)")
-    if len(tokens) != vocab_size:
-        raise UserInputError(f"{option} {path} has {len(tokens)} tokens, checkpoint {checkpoint} has vocab_size "
-                             f"{vocab_size}")
-    missing = [t for t in wordpiece_vocab.SPECIAL_TOKENS if t not in set(tokens)]
-    if missing:
-        raise UserInputError(f"{option} {path} lacks the special token(s) {' '.join(missing)}")
+    source = f"--vocab {path}" if vocab else f"the corpus {data_dir}: {path}"
+    wordpiece_vocab.check_matches_checkpoint(source, sha256=storage.file_sha256(path), size=len(tokens),
+                                             expected_sha256=metadata.get("vocab_sha256"), vocab_size=vocab_size,
+                                             checkpoint=checkpoint)
+    wordpiece_vocab.special_ids(tokens, source)
     return path, tokens
 
 

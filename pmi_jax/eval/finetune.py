@@ -35,7 +35,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from pmi_jax.config import ModelConfig, OptimizerConfig
 from pmi_jax.errors import UserInputError
@@ -43,7 +42,7 @@ from pmi_jax.eval import glue, race, squad
 from pmi_jax.eval.heads import Encoded
 from pmi_jax.eval.protocols import FinetuneConfig
 from pmi_jax.model import BertEncoder
-from pmi_jax.optimizer import learning_rate_schedule, weight_decay_mask
+from pmi_jax.optimizer import adamw, learning_rate_schedule
 
 # Every task (GlueTask, SquadTask, RaceTask: frozen dataclasses) offers the same small surface:
 #   name, epochs, max_seq_len, kind       the paper's defaults; kind in classification/span/choice
@@ -71,16 +70,16 @@ class RunConfig:
 
 
 @functools.cache
-def _optimizer(b1: float, b2: float, eps: float, weight_decay: float, grad_clip_norm: float):
-    """BERT fine-tuning's AdamW without its learning rate (applied in the step: see _train_step).
-    Cached, so that equal settings give the same (hashable) object and share compiled steps."""
-    parts = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm > 0 else []
-    return optax.chain(*parts, optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
-                       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
+def _optimizer(config: OptimizerConfig):
+    """Pretraining's clip + AdamW (`pmi_jax.optimizer.adamw`) at learning rate 1: the step
+    scales the update by the run's learning rate. Cached, so that equal settings give the
+    same (hashable) object and share compiled steps."""
+    return adamw(config, learning_rate=1.0)
 
 
 def optimizer_for(config: FinetuneConfig):
-    return _optimizer(config.b1, config.b2, config.eps, config.weight_decay, config.grad_clip_norm)
+    return _optimizer(OptimizerConfig(b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                                      grad_clip_norm=config.grad_clip_norm))
 
 
 def learning_rate_schedule_for(config: FinetuneConfig, peak: float, total_steps: int):
@@ -108,8 +107,8 @@ def _train_step(params, opt_state, batch, weights_B, rng, learning_rate, *, mode
         return jnp.sum(loss_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
 
     value, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = jax.tree.map(lambda p, u: p - learning_rate * u, params, updates)
+    updates, opt_state = optimizer.update(grads, opt_state, params)  # -(AdamW direction): learning rate 1
+    params = jax.tree.map(lambda p, u: p + learning_rate * u, params, updates)
     return params, opt_state, value
 
 

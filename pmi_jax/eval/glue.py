@@ -32,7 +32,8 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import heads, metrics
-from pmi_jax.eval.wordpiece import WordPiece, pack
+from pmi_jax.eval.packing import pack
+from pmi_jax.vocabularies import WordPieceVocabulary
 from pmi_jax.storage import gfile, join
 
 _FIELD_SIZE_LIMIT = 1 << 24  # characters; csv's default of 131,072 is too small for some GLUE fields
@@ -208,10 +209,11 @@ class GlueTask:
 
     # ---- model ---------------------------------------------------------------------------------
 
-    def encode(self, examples: Sequence[GlueExample], wordpiece: WordPiece, max_seq_len: int) -> heads.Encoded:
-        first = wordpiece.encode([e.text_a for e in examples])
+    def encode(self, examples: Sequence[GlueExample], wordpiece: WordPieceVocabulary,
+               max_seq_len: int) -> heads.Encoded:
+        first = wordpiece.encode_batch([e.text_a for e in examples])
         paired = [i for i, e in enumerate(examples) if e.text_b is not None]
-        second = dict(zip(paired, wordpiece.encode([examples[i].text_b for i in paired])))
+        second = dict(zip(paired, wordpiece.encode_batch([examples[i].text_b for i in paired])))
         packed = pack(wordpiece, [(a, second.get(i)) for i, a in enumerate(first)], max_seq_len)
         label_dtype = np.int32 if self.labels else np.float32
         arrays = {**packed.as_dict(), "label": np.array([e.label for e in examples], label_dtype)}

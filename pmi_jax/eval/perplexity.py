@@ -55,15 +55,12 @@ def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint:
     Its vocab.txt must be the one the checkpoint recorded (sha256) and have the model's
     vocab_size; its sequences must fit the model's position embeddings.
     """
-    from pmi_jax.formats import prepared_corpus
+    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
 
     corpus = prepared_corpus.PreparedCorpus(data_dir)
-    if vocab_sha256 and corpus.vocab_sha256 != vocab_sha256:
-        raise UserInputError(f"--data {data_dir}: its vocab.txt is not the vocabulary checkpoint {checkpoint} "
-                             "was trained with (sha256 differs)")
-    if corpus.vocab_size != config.vocab_size:
-        raise UserInputError(f"--data {data_dir}: vocab.txt has {corpus.vocab_size} tokens, checkpoint {checkpoint} "
-                             f"has vocab_size {config.vocab_size}")
+    wordpiece_vocab.check_matches_checkpoint(
+        f"--data {data_dir}: its vocab.txt", sha256=corpus.vocab_sha256, size=corpus.vocab_size,
+        expected_sha256=vocab_sha256, vocab_size=config.vocab_size, checkpoint=checkpoint)
     if corpus.seq_len > config.max_position_embeddings:
         raise UserInputError(f"--data {data_dir}: sequences of {corpus.seq_len} tokens, the model takes at most "
                              f"{config.max_position_embeddings}")

@@ -19,7 +19,8 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import heads, metrics
-from pmi_jax.eval.wordpiece import WordPiece, pack
+from pmi_jax.eval.packing import pack
+from pmi_jax.vocabularies import WordPieceVocabulary
 from pmi_jax.storage import gfile, join
 
 LEVELS = ("high", "middle")
@@ -122,10 +123,11 @@ class RaceTask:
     def loss(self):
         return heads.classification_loss
 
-    def encode(self, examples: Sequence[RaceExample], wordpiece: WordPiece, max_seq_len: int) -> heads.Encoded:
+    def encode(self, examples: Sequence[RaceExample], wordpiece: WordPieceVocabulary,
+               max_seq_len: int) -> heads.Encoded:
         articles = list(dict.fromkeys(e.article for e in examples))
-        article_ids = dict(zip(articles, wordpiece.encode(articles)))
-        answers = wordpiece.encode([question_with_option(e.question, o) for e in examples for o in e.options])
+        article_ids = dict(zip(articles, wordpiece.encode_batch(articles)))
+        answers = wordpiece.encode_batch([question_with_option(e.question, o) for e in examples for o in e.options])
         pairs = [(article_ids[e.article], answers[NUM_OPTIONS * i + k])
                  for i, e in enumerate(examples) for k in range(NUM_OPTIONS)]
         packed = pack(wordpiece, pairs, max_seq_len)

@@ -37,7 +37,7 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import heads
-from pmi_jax.eval.wordpiece import WordPiece
+from pmi_jax.vocabularies import WordPieceVocabulary
 from pmi_jax.storage import gfile, join
 
 FILES = {"train": "train-v2.0.json", "dev": "dev-v2.0.json"}
@@ -215,7 +215,7 @@ def _word_piece_spans(word: str, pieces, vocab: Sequence[str], unk_id: int) -> l
     return spans
 
 
-def tokenize_contexts(wordpiece: WordPiece, contexts: Sequence[str]) -> list[ContextTokens]:
+def tokenize_contexts(wordpiece: WordPieceVocabulary, contexts: Sequence[str]) -> list[ContextTokens]:
     words_of = [[(m.start(), m.end()) for m in re.finditer(r"\S+", c)] for c in contexts]
     flat = [c[s:e] for c, words in zip(contexts, words_of) for s, e in words]
     piece_ids, piece_starts, piece_ends, row_splits = wordpiece.encode_words(flat)
@@ -283,10 +283,11 @@ class SquadTask:
     def loss(self):
         return heads.span_loss
 
-    def encode(self, examples: Sequence[SquadExample], wordpiece: WordPiece, max_seq_len: int) -> heads.Encoded:
+    def encode(self, examples: Sequence[SquadExample], wordpiece: WordPieceVocabulary,
+               max_seq_len: int) -> heads.Encoded:
         contexts = list(dict.fromkeys(e.context for e in examples))
         tokens_of = dict(zip(contexts, tokenize_contexts(wordpiece, contexts)))
-        queries = wordpiece.encode([e.question for e in examples])
+        queries = wordpiece.encode_batch([e.question for e in examples])
         rows = collections.defaultdict(list)
         unmatched = 0
         for index, (example, query) in enumerate(zip(examples, queries)):

@@ -205,10 +205,7 @@ class PreparedCorpus:
         if recorded.get("size") not in (None, len(self.tokens)):
             raise UserInputError(f"{vocab}: {len(self.tokens)} tokens, metadata.json recorded {recorded['size']}")
         self.special_ids = {name: int(self.metadata["special_ids"][name]) for name in SPECIAL_ID_NAMES}
-        try:
-            found = wordpiece_vocab.special_ids(self.tokens)
-        except KeyError as e:
-            raise UserInputError(f"{vocab}: special token {e.args[0]} missing") from None
+        found = wordpiece_vocab.special_ids(self.tokens, vocab)
         if found != self.special_ids:
             raise UserInputError(f"{data_dir}: metadata.json special_ids {self.special_ids} disagree with "
                                  f"{VOCAB_FILE} {found}")

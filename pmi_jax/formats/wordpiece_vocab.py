@@ -76,7 +76,28 @@ def check_bert_vocab(tokens: Sequence[str], path: str) -> None:
         raise UserInputError(f"--wordpiece {path}: line {blank[0] + 1} is blank or has surrounding spaces")
 
 
-def special_ids(tokens: Sequence[str]) -> dict[str, int]:
-    """{"pad", "unk", "cls", "sep", "mask"} -> id."""
+def special_ids(tokens: Sequence[str], source: str = "vocabulary") -> dict[str, int]:
+    """{"pad", "unk", "cls", "sep", "mask"} -> id; `source` names the file in the error when one is missing."""
     index = {t: i for i, t in enumerate(tokens)}
+    missing = [t for t in SPECIAL_TOKENS if t not in index]
+    if missing:
+        raise UserInputError(f"{source}: missing special token(s) {' '.join(missing)} "
+                             f"(a BERT vocab.txt needs {' '.join(SPECIAL_TOKENS)})")
     return {t.strip("[]").lower(): index[t] for t in SPECIAL_TOKENS}
+
+
+def check_matches_checkpoint(source: str, *, sha256: str, size: int, expected_sha256: str | None, vocab_size: int,
+                             checkpoint: str) -> None:
+    """The vocabulary named by `source` is the one `checkpoint` was trained with.
+
+    Token ids mean nothing under another vocabulary, and a vocabulary of the same size gives
+    no error downstream, only wrong numbers; so every reader of a checkpoint (perplexity,
+    fine-tuning, export) refuses one whose SHA-256 differs from what the run recorded, or
+    whose size differs from the model's. `source` is how the user named the file
+    ("--vocab v.txt", "--data DIR: its vocab.txt").
+    """
+    if expected_sha256 and expected_sha256 != sha256:
+        raise UserInputError(f"{source} is not the vocabulary checkpoint {checkpoint} was trained with "
+                             f"(sha256 {sha256[:12]}, the checkpoint recorded {expected_sha256[:12]})")
+    if size != vocab_size:
+        raise UserInputError(f"{source} has {size} tokens, checkpoint {checkpoint} has vocab_size {vocab_size}")
