@@ -21,6 +21,7 @@ from pmi_jax import checkpoints, metrics, train
 from pmi_jax.cli.train import load_config
 from pmi_jax.config import apply_overrides
 from pmi_jax.errors import UserInputError
+from tests.damage import truncate_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["model.vocab_size=128", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
@@ -441,16 +442,6 @@ def test_resume_refuses_a_vocabulary_of_the_same_size_with_other_tokens(corpus_r
     assert os.listdir(os.path.join(run, "checkpoints")) == ["2"]  # nothing trained, nothing saved
 
 
-def _truncate(directory, *, only=None):
-    """Cut every file under `directory` (or those whose name is `only`) to half its size."""
-    for root, _, names in os.walk(directory):
-        for name in names:
-            if only in (None, name):
-                path = os.path.join(root, name)
-                with open(path, "r+b") as f:
-                    f.truncate(os.path.getsize(path) // 2)
-
-
 def test_damaged_latest_checkpoint_falls_back_to_the_newest_that_restores(tmp_path, reference, caplog):
     """Step 12's arrays truncated: the run resumes from step 8, moves 12 aside, and steps 9-12
     repeat the uninterrupted run's losses exactly; evaluation falls back the same way."""
@@ -458,7 +449,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_newest_that_restores(tmp_pa
 
     workdir = str(tmp_path / "damaged")
     shutil.copytree(reference, workdir)
-    _truncate(os.path.join(workdir, "checkpoints", "12", "state"), only=None)
+    truncate_files(os.path.join(workdir, "checkpoints", "12", "state"), only=None)
     assert checkpoints.restore_for_eval(workdir)[2]["step"] == 8
     assert "skipped checkpoint 12" in caplog.text
     with pytest.raises(UserInputError, match=r"checkpoints/12: no checkpoint restores \(step 12: "):
@@ -483,8 +474,8 @@ def test_no_checkpoint_restores_is_a_one_line_error(tmp_path, reference):
 
     workdir = str(tmp_path / "ruined")
     shutil.copytree(reference, workdir)
-    _truncate(os.path.join(workdir, "checkpoints", "12", "state"))
-    _truncate(os.path.join(workdir, "checkpoints", "8"), only="metadata")
+    truncate_files(os.path.join(workdir, "checkpoints", "12", "state"))
+    truncate_files(os.path.join(workdir, "checkpoints", "8"), only="metadata")
     config = _config(*REFERENCE)
     with pytest.raises(UserInputError) as error:
         train.train(config, workdir, _source(config))
