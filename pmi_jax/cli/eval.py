@@ -116,8 +116,9 @@ def _add_finetune(commands) -> None:
                    help="comma-separated grid (sweep default: 1e-5,2e-5,3e-5,5e-5)")
     p.add_argument("--seeds", type=int, default=None, help="runs per configuration, seeds 0..N-1 (default: 5)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per run (sweep default: the paper's: 3; 10 for RTE and STS-B; 4 for SQuAD and "
-                        "RACE; checkpoint protocol: 4)")
+                   help="epochs per run (sweep default: 3; 10 for RTE and STS-B; 4 for SQuAD and RACE; "
+                        "checkpoint protocol: 4 for every task; docs/experiments.md says where each "
+                        "comes from)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per input (default: 128 for GLUE, 384 for SQuAD, 512 for RACE, capped at the "
                         "model's max_position_embeddings)")

@@ -12,6 +12,9 @@ The two protocols of Levine et al. 2021 (`FinetuneConfig.protocol`):
   checkpoint  (§4.2, the per-checkpoint evaluation of Figures 1-2 and Tables 1, 6, 7) one
               setting: batch size 32, learning rate 3e-5, 4 epochs, no early stopping (a run
               reports its last epoch), 5 seeds, the mean of the middle three.
+Which of these settings we could check against the paper's text, and where the others come
+from: docs/experiments.md, "Where each fine-tuning setting comes from".
+
 Either way the number that selects epochs and configurations is the paper's metric for the
 task (its Table 8): dev accuracy for GLUE, except Spearman correlation for STS-B and Matthews
 correlation for CoLA; F1 for SQuAD 2.0; accuracy for RACE (`task.selection_metric`, also the

@@ -18,9 +18,10 @@ _AGGREGATE = {"sweep": "median", "checkpoint": "mean of the middle three (best a
 class FinetuneConfig:
     """Everything a fine-tuning evaluation chooses; `--set field=value` edits any field.
 
-    `epochs` 0 and `max_seq_len` 0 mean the task's defaults (sweep: 3 epochs for GLUE, 10 for
-    RTE and STS-B, 4 for SQuAD and RACE, as in the paper's grid search; 128/384/512 tokens).
-    The optimizer fields are BERT's fine-tuning AdamW; the schedule is the pretraining one.
+    `epochs` 0 and `max_seq_len` 0 mean the task's defaults (3 epochs for GLUE, 10 for RTE and
+    STS-B, 4 for SQuAD and RACE; 128/384/512 tokens). The optimizer fields are BERT's
+    fine-tuning AdamW; the schedule is the pretraining one. Which defaults the paper states and
+    which are our choices: docs/experiments.md, "Where each fine-tuning setting comes from".
     """
 
     protocol: str = "sweep"
@@ -63,8 +64,10 @@ class FinetuneConfig:
         return _AGGREGATE[self.protocol]
 
 
-# The per-checkpoint protocol's fixed setting (Levine et al. 2021, §4.2). We found no per-task
-# exception we could confirm in the paper's text; `--set` changes any field for a task that needs one.
+# The per-checkpoint protocol's fixed setting, attributed to Levine et al. 2021, §4.2: one setting
+# for every task, so a task's own default epochs (10 for RTE and STS-B) do not apply. Neither it
+# nor any per-task exception could be checked against the paper's text (docs/experiments.md says
+# what could); `--set` changes any field for a task that needs one.
 PROTOCOL_DEFAULTS = {
     "sweep": FinetuneConfig(),
     "checkpoint": FinetuneConfig(protocol="checkpoint", batch_sizes=(32,), learning_rates=(3e-5,), epochs=4),
