@@ -25,6 +25,7 @@ SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi"
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
+XLA_CPU_VARIANTS = ("cpu", "always", "never")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -64,12 +65,18 @@ class ModelConfig:
     # full (recompute the layer), dots_saveable (keep the weight matmuls' outputs, recompute
     # the rest, attention scores included).
     remat: str = "none"
-    # The XLA:CPU variants: dropout masks from both 32-bit words of each threefry block and
-    # the output-bias gradient as a matrix-vector product. False: the plain versions
-    # (`jax.random.bernoulli`, a reduction). docs/tpu.md ("Compile-only") has the TPU check.
-    xla_cpu_variants: bool = True
+    # Where the two XLA:CPU rewrites run (dropout masks from both 32-bit words of each
+    # threefry block; the output-bias gradient as a matrix-vector product): "cpu" in programs
+    # compiled for CPUs only, "always", or "never" (the plain `jax.random.bernoulli` and
+    # reduction everywhere). Compiled for a TPU they cost time and memory (docs/tpu.md).
+    xla_cpu_variants: str = "cpu"
 
     def __post_init__(self):
+        if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
+            object.__setattr__(self, "xla_cpu_variants", "cpu" if self.xla_cpu_variants else "never")
+        if self.xla_cpu_variants not in XLA_CPU_VARIANTS:
+            raise UserInputError(f"model.xla_cpu_variants={self.xla_cpu_variants!r}: expected one of "
+                                 f"{', '.join(XLA_CPU_VARIANTS)}")
         if self.hidden_size % self.num_heads:
             raise UserInputError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}")

@@ -30,8 +30,8 @@ Shape suffixes: B batch, L length, D hidden, H heads, K head dim, F feed-forward
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-
 import re
 
 import flax.linen as nn
@@ -111,7 +111,7 @@ def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
 class Dropout(nn.Dropout):
     """Inverted dropout like `nn.Dropout`; same rate, same RNG stream name.
 
-    With `xla_cpu_variants` the mask comes from `_keep_mask` (half the random-number work of
+    With the XLA:CPU variants the mask comes from `_keep_mask` (half the random-number work of
     flax's); without, it is the plain `jax.random.bernoulli`. Either way it is applied as
     (inputs * mask) / keep_prob, the same numbers as flax's select between inputs / keep_prob
     and zero, but a plain elementwise product, which XLA fuses into the neighbouring matmul
@@ -162,13 +162,33 @@ def _add_output_bias_bwd(_, g_BxLxV):
 _add_output_bias.defvjp(_add_output_bias_fwd, _add_output_bias_bwd)
 
 
+def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
+    """`config` with `xla_cpu_variants="cpu"` settled for a program compiled for `platform`.
+
+    The trainer calls this with its mesh's platform, which is not the default backend when
+    it compiles for a TPU slice on a CPU-only machine (`pmi_jax.compile_only`). Compiled for
+    a v5p-8, BERT-base's step with the CPU variants needed 2.9 GiB more per chip and an
+    estimated 17% more time than with the plain versions (benchmarks/README.md, "tpu compile").
+    """
+    if config.xla_cpu_variants != "cpu":
+        return config
+    return dataclasses.replace(config, xla_cpu_variants="always" if platform == "cpu" else "never")
+
+
+def _uses_cpu_variants(config: ModelConfig) -> bool:
+    """Settled by `for_platform`; an unsettled "cpu" (evaluation, tests) follows the default backend."""
+    if config.xla_cpu_variants == "cpu":
+        return jax.default_backend() == "cpu"
+    return config.xla_cpu_variants == "always"
+
+
 def _output_bias(config: ModelConfig, logits_BxLxV, bias_V):
-    """logits + bias; the GEMV-gradient variant only with `xla_cpu_variants` (else the plain add)."""
-    return _add_output_bias(logits_BxLxV, bias_V) if config.xla_cpu_variants else logits_BxLxV + bias_V
+    """logits + bias; the GEMV-gradient variant only with the XLA:CPU variants (else the plain add)."""
+    return _add_output_bias(logits_BxLxV, bias_V) if _uses_cpu_variants(config) else logits_BxLxV + bias_V
 
 
 def _dropout(config: ModelConfig, rate: float) -> Dropout:
-    return Dropout(rate, cpu_variant=config.xla_cpu_variants)
+    return Dropout(rate, cpu_variant=_uses_cpu_variants(config))
 
 
 class BertEmbeddings(nn.Module):

@@ -29,7 +29,7 @@ import optax
 from pmi_jax import checkpoints, metrics, partitioning, paths
 from pmi_jax.config import ExperimentConfig, to_dict
 from pmi_jax.errors import UserInputError
-from pmi_jax.model import BertForMaskedLM
+from pmi_jax.model import BertForMaskedLM, for_platform
 from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
 
 BATCH_KEYS = ("inputs", "targets", "weights", "input_mask")
@@ -329,7 +329,7 @@ class Program:
 
 def build_program(config: ExperimentConfig, mesh) -> Program:
     """Call inside `partitioning.activate(mesh, ...)`: the model's constraints bind at trace time."""
-    model = BertForMaskedLM(config.model)
+    model = BertForMaskedLM(for_platform(config.model, mesh.devices.flat[0].platform))
     tx = make_optimizer(config.optimizer, config.train.num_steps)
     abstract, shardings = state_shardings(model, tx, config, mesh)
     init = jax.jit(lambda: init_state(model, tx, config.train.seed, config.data.seq_len, config.train.prng_impl),

@@ -1,4 +1,5 @@
 """The Flax BERT: same function as the reference implementation, masking, dtypes, FLOPs count."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +7,7 @@ import optax
 import pytest
 
 from pmi_jax import metrics
+from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertEncoder, BertForMaskedLM, ModelConfig
 
 # Unpadded vocabulary (vocab_multiple=1): these tests compare logits column by column with
@@ -27,7 +29,6 @@ def _init(config=CONFIG):
     model = BertForMaskedLM(config)
     ids, mask, _ = _inputs()
     params = jax.jit(lambda: model.init(jax.random.key(0), ids, mask, deterministic=True))()
-    import flax.linen as nn
 
     return model, nn.unbox(params)["params"]
 
@@ -329,11 +330,11 @@ def test_fused_attention_path_computes_the_explicit_one():
 
 
 def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
-    """xla_cpu_variants=False: jax.random.bernoulli dropout and a plain bias add; same
+    """xla_cpu_variants="never": jax.random.bernoulli dropout and a plain bias add; same
     deterministic function, same keep rate in training."""
     import dataclasses
 
-    plain = dataclasses.replace(CONFIG, xla_cpu_variants=False)
+    plain = dataclasses.replace(CONFIG, xla_cpu_variants="never")
     model, params = _init()
     ids, mask, types = _inputs()
     a = model.apply({"params": params}, ids, mask, types, deterministic=True)
@@ -348,6 +349,40 @@ def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
         assert abs(kept - 0.9) < 4 * np.sqrt(0.09 / x.size)
 
 
+def test_cpu_variants_are_settled_by_the_programs_platform():
+    """"cpu" (the default) becomes "always" for a CPU program and "never" for a TPU or GPU one;
+    an explicit choice is kept; a bool from a config saved before the choice existed still loads."""
+    import dataclasses
+
+    from pmi_jax.config import model_config_from_dict
+    from pmi_jax.model import _uses_cpu_variants, for_platform
+
+    assert CONFIG.xla_cpu_variants == "cpu"
+    assert for_platform(CONFIG, "cpu").xla_cpu_variants == "always"
+    assert for_platform(CONFIG, "tpu").xla_cpu_variants == "never"
+    assert for_platform(CONFIG, "gpu").xla_cpu_variants == "never"
+    for explicit in ("always", "never"):
+        assert for_platform(dataclasses.replace(CONFIG, xla_cpu_variants=explicit), "tpu").xla_cpu_variants == explicit
+    assert _uses_cpu_variants(CONFIG) == (jax.default_backend() == "cpu")
+    saved = dataclasses.asdict(CONFIG)
+    assert model_config_from_dict({**saved, "xla_cpu_variants": True}).xla_cpu_variants == "cpu"
+    assert model_config_from_dict({**saved, "xla_cpu_variants": False}).xla_cpu_variants == "never"
+    with pytest.raises(UserInputError, match="xla_cpu_variants='gpu'"):
+        dataclasses.replace(CONFIG, xla_cpu_variants="gpu")
+
+
+def test_a_tpu_program_draws_flax_bernoulli_dropout():
+    """Settled for a TPU, the dropout mask is `jax.random.bernoulli`'s, bit for bit: the plain
+    version a reader finds beside the CPU variant in pmi_jax/model.py."""
+    from pmi_jax.model import _dropout, for_platform
+
+    x = jnp.ones((8, 64))
+    key = jax.random.key(3)
+    y = _dropout(for_platform(CONFIG, "tpu"), 0.1).apply({}, x, deterministic=False, rngs={"dropout": key})
+    reference = nn.Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": key})
+    np.testing.assert_array_equal(np.asarray(y) != 0, np.asarray(reference) != 0)
+
+
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_token_type_embedding_equals_the_gather_it_replaces(dtype):
@@ -355,7 +390,6 @@ def test_token_type_embedding_equals_the_gather_it_replaces(dtype):
     gives, values and gradients: only the gradient's computation changed (a reduction, no scatter)."""
     import dataclasses
 
-    import flax.linen as nn
 
     from pmi_jax.model import BertEmbeddings
 
