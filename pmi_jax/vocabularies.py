@@ -38,6 +38,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         self._path = vocab_path
         self._tokens = wordpiece_vocab.read_vocab(vocab_path)
         self.special_ids = wordpiece_vocab.special_ids(self._tokens, f"vocabulary {vocab_path}")
+        self.cls_id, self.sep_id = self.special_ids["cls"], self.special_ids["sep"]  # what BERT's packing adds
         if self.special_ids["pad"] != seqio.vocabularies.PAD_ID:
             raise UserInputError(f"{vocab_path}: [PAD] must be id 0 (line 1), found at id {self.special_ids['pad']}")
 
@@ -60,14 +61,6 @@ class WordPieceVocabulary(seqio.Vocabulary):
     @property
     def mask_id(self) -> int:
         return self.special_ids["mask"]
-
-    @property
-    def cls_id(self) -> int:
-        return self.special_ids["cls"]
-
-    @property
-    def sep_id(self) -> int:
-        return self.special_ids["sep"]
 
     @functools.cached_property
     def sha256(self) -> str:
