@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pmi_jax.config import OptimizerConfig
 from pmi_jax.errors import UserInputError
 
 PROTOCOLS = ("sweep", "checkpoint")
@@ -32,11 +33,12 @@ class FinetuneConfig:
     max_seq_len: int = 0
     eval_batch_size: int = 64
     warmup_fraction: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    grad_clip_norm: float = 1.0
+    # BERT's AdamW, as in pretraining: the defaults are pretraining's (`pmi_jax.config`).
+    b1: float = OptimizerConfig.b1
+    b2: float = OptimizerConfig.b2
+    eps: float = OptimizerConfig.eps
+    weight_decay: float = OptimizerConfig.weight_decay
+    grad_clip_norm: float = OptimizerConfig.grad_clip_norm
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
