@@ -120,3 +120,30 @@ def test_a_program_that_does_not_fit_is_reported_as_such():
     assert not report.fits and report.estimated_mfu is None
     text = "\n".join(report.lines())
     assert "DOES NOT FIT" in text and "not available" in text
+
+
+_COMPILE_VARIANTS = """
+import hashlib, json, re, sys
+from pmi_jax import compile_only
+from pmi_jax.cli.train import load_config
+from pmi_jax.config import apply_overrides
+out = {}
+for setting in ("cpu", "never", "always"):
+    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + [f"model.xla_cpu_variants={setting}"])
+    _, compiled = compile_only.compile_train_step(config, "v5e-4")
+    text = re.sub(r"^HloModule [^\\n]*", "", compiled.as_text())  # the module's name line
+    out[setting] = hashlib.sha256(text.encode()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+@needs_libtpu
+def test_a_tpu_program_gets_the_plain_kernels_by_default():
+    """xla_cpu_variants=cpu (the default) compiles, for a TPU slice on this CPU machine, the very
+    program that `never` compiles, and not the one `always` does: the trainer settles the
+    setting by the platform it compiles for, not by the machine it runs on."""
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_VARIANTS, json.dumps(TINY)], env=_libtpu_env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    programs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert programs["cpu"] == programs["never"] != programs["always"]
