@@ -105,15 +105,11 @@ def _batches(copies, batch_size: int, pad_id: int):
 
 
 def _logits_at(module: BertForMaskedLM, input_ids_BxL, input_mask_BxL, positions_B):
-    """The MLM logits [B, V] at one position per row: BertForMaskedLM's head on the gathered state only.
-
-    This repeats the head of `BertForMaskedLM.__call__` (tests check the two agree) so that the
-    vocabulary projection runs on B vectors instead of B·L.
-    """
+    """The MLM logits [B, V] at one position per row: the model's head on the gathered states only,
+    so that the vocabulary projection runs on B vectors instead of B·L."""
     hidden_BxLxD = module.encoder(input_ids_BxL, input_mask_BxL, deterministic=True)
     hidden_Bx1xD = jnp.take_along_axis(hidden_BxLxD, positions_B[:, None, None], axis=1)
-    h_Bx1xD = module.transform_layer_norm(jax.nn.gelu(module.transform(hidden_Bx1xD), approximate=False))
-    return (module.encoder.embed.attend(h_Bx1xD) + module.output_bias)[:, 0]
+    return module.predict(hidden_Bx1xD)[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
