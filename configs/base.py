@@ -14,8 +14,8 @@ def get_config() -> ExperimentConfig:
         model=ModelConfig(vocab_size=0, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                           max_position_embeddings=512, dropout_rate=0.1, attention_dropout_rate=0.1,
                           dtype="bfloat16",
-                          # Per-layer loop, no remat: compiled for v5p-8 it needs 26.8 GiB per chip where
-                          # scanned layers (no remat) need 44.2 (benchmarks/README.md, "tpu compile").
+                          # Per-layer loop, no remat: compiled for v5p-8 it needs 23.9 GiB per chip where
+                          # scanned layers (no remat) need 43.8 (benchmarks/README.md, "tpu compile").
                           scan_layers=False, remat="none"),
         data=DataConfig(scheme="pmi", seq_len=512),
         optimizer=OptimizerConfig(peak_learning_rate=1e-4, warmup_steps=10_000, b1=0.9, b2=0.999, eps=1e-6,
