@@ -137,3 +137,29 @@ def test_filter_outlives_signals_to_the_process_group():
                           start_new_session=True)
     assert done.returncode == 0, done.stderr
     assert done.stderr == "checkpoint saved at step 7\n"
+
+
+def test_commands_that_read_checkpoints_hide_orbaxs_read_only_narration(tmp_path, caplog, monkeypatch):
+    """eval, compare and export open checkpoints read-only; Orbax then warns that it changes the
+    options of a read-only manager, which is routine, not something for the user to act on."""
+    import numpy as np
+
+    from pmi_jax import checkpoints
+    from pmi_jax.config import CheckpointConfig
+
+    absl_logger = logging.getLogger("absl")
+    monkeypatch.setattr(absl_logger, "level", absl_logger.level)  # restored after the test
+    writer = checkpoints.Checkpointer(str(tmp_path), CheckpointConfig(every_steps=1, keep=2))
+    writer.save(1, {"w": np.arange(4.0)}, {"step": 1})
+    writer.wait()
+    writer.close()
+
+    def read_only_warnings() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            checkpoints.Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).close()
+        return [r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
+
+    assert any("read_only" in m or "read only" in m for m in read_only_warnings())  # what Orbax says unquieted
+    quiet.quiet_checkpoint_reads()
+    assert read_only_warnings() == []

@@ -33,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from pmi_jax.compare import plots, report
     from pmi_jax.compare.runs import read_run
+    from pmi_jax.cli import quiet
     from pmi_jax.errors import UserInputError
 
+    quiet.quiet_checkpoint_reads()
     storage.check_new_output(args.output, args.overwrite, directory=True)
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 
+from pmi_jax.cli import quiet
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval.protocols import PROTOCOLS
 
@@ -151,11 +152,6 @@ def _parse_positions(text: str) -> int:
     return int(text)
 
 
-def _quiet_checkpoint_logs() -> None:
-    """Orbax narrates every read-only restore through absl (INFO and WARNING); keep our output readable."""
-    logging.getLogger("absl").setLevel(logging.ERROR)
-
-
 def _positive(value, option: str) -> None:
     if value is not None and value <= 0:
         raise UserInputError(f"{option} {value}: must be positive")
@@ -217,7 +213,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     _absolute_paths(args)
     if args.output:
         storage.check_new_output(args.output, args.overwrite)
-    _quiet_checkpoint_logs()
+    quiet.quiet_checkpoint_reads()
     paths = _checkpoints(args.checkpoint, args.steps)
     if args.output and len(paths) > 1:
         raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
@@ -289,7 +285,7 @@ def run_finetune(args: argparse.Namespace) -> int:
                                    null_score_diff_threshold=args.null_score_diff_threshold)
     _absolute_paths(args)
 
-    _quiet_checkpoint_logs()
+    quiet.quiet_checkpoint_reads()
     paths = _checkpoints(args.checkpoint, args.steps)
 
     def output_for(path: str, step) -> str:

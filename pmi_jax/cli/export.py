@@ -110,10 +110,11 @@ def run_hf(args: argparse.Namespace) -> int:
     import jax
 
     from pmi_jax import checkpoints, huggingface, storage
+    from pmi_jax.cli import quiet
     from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
 
     storage.check_new_output(args.output, args.overwrite, directory=True)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax narrates every restore
+    quiet.quiet_checkpoint_reads()
     checkpoint = _checkpoint_path(args.checkpoint, args.step)
     config, params, metadata = checkpoints.restore_for_eval(checkpoint)
     vocab_size = int(metadata.get("vocab_size") or config.vocab_size)

@@ -160,3 +160,10 @@ def filter_stderr() -> StderrFilter | None:
     if not hasattr(os, "fork"):
         return None
     return StderrFilter()
+
+
+def quiet_checkpoint_reads() -> None:
+    """Orbax narrates every read-only restore through absl at INFO and WARNING ("read_only=True,
+    setting max_to_keep=None", "Given directory is read only"): routine for commands that only
+    read checkpoints (eval, compare, export), so they keep absl to errors."""
+    logging.getLogger("absl").setLevel(logging.ERROR)
