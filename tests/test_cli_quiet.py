@@ -148,7 +148,8 @@ def test_commands_that_read_checkpoints_hide_orbaxs_read_only_narration(tmp_path
     from pmi_jax.config import CheckpointConfig
 
     absl_logger = logging.getLogger("absl")
-    monkeypatch.setattr(absl_logger, "level", absl_logger.level)  # restored after the test
+    # From absl's default; an earlier in-process command of the test session may have quieted it.
+    monkeypatch.setattr(absl_logger, "level", logging.NOTSET)  # restored after the test
     writer = checkpoints.Checkpointer(str(tmp_path), CheckpointConfig(every_steps=1, keep=2))
     writer.save(1, {"w": np.arange(4.0)}, {"step": 1})
     writer.wait()
