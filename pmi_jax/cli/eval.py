@@ -5,9 +5,10 @@
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
 
 `perplexity` masks one held-out token at a time (no other corruption) and reports
-exp(mean negative log-likelihood); `finetune` runs one of the paper's protocols on one task
-(`sweep`: the grid, best dev epoch per run, median over seeds, best median; `checkpoint`: batch
-32, lr 3e-5, 4 epochs, last epoch, mean of the middle three of five seeds), written to
+exp(mean negative log-likelihood), the paper's Table 4 measure (§4.2); `finetune` runs one of
+the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median over
+seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's epochs
+(4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written to
 results.json and results.md. With --steps, each checkpoint of the run gets its own result.
 
 Where results go inside the run directory (what `pmi-jax compare` reads):
@@ -81,10 +82,11 @@ def _add_finetune(commands) -> None:
         description="Fine-tune the pretrained encoder with a task head under one of the paper's protocols. "
                     "sweep: every batch size x learning rate, several seeds each, each run keeps its best dev "
                     "epoch, a configuration scores the median over its seeds, the best median is reported. "
-                    "checkpoint: batch size 32, learning rate 3e-5, 4 epochs, no early stopping, 5 seeds, mean "
-                    "of the middle three. The score is the paper's metric per task (accuracy; Spearman for "
-                    "STS-B, Matthews correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and "
-                    "results.md per checkpoint.")
+                    "checkpoint: batch size 32, learning rate 3e-5, the task's epochs (4 for SQuAD 2.0 and "
+                    "RACE), no early stopping, 5 seeds, mean of the middle three (the paper's §4.2 and Tables "
+                    "6-7). The score is the paper's metric per task (accuracy; Spearman for STS-B, Matthews "
+                    "correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and results.md per "
+                    "checkpoint.")
     _add_checkpoint(p)
     _add_steps(p)
     p.add_argument("--task", required=True, help=f"one of: {_TASK_NAMES}")
@@ -106,8 +108,8 @@ def _add_finetune(commands) -> None:
                    help="the WordPiece vocab.txt the checkpoint was trained with (default: the one in the "
                         "checkpoint's corpus directory); checked against the checkpoint's hash")
     p.add_argument("--protocol", default="sweep", choices=PROTOCOLS,
-                   help="sweep (default): the grid search of the paper's Tables 2-3; checkpoint: the fixed "
-                        "per-checkpoint setting of its Figure 1")
+                   help="sweep (default): the grid search of the paper's Tables 2-3 and 8 (§4.2); checkpoint: "
+                        "the fixed per-checkpoint setting of its Table 1, Figures 1-2 and Tables 6-7")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the protocol's FinetuneConfig (repeatable), e.g. seeds=3, "
                         "batch_sizes=(16,), epochs=2, warmup_fraction=0.06")
@@ -117,9 +119,8 @@ def _add_finetune(commands) -> None:
                    help="comma-separated grid (sweep default: 1e-5,2e-5,3e-5,5e-5)")
     p.add_argument("--seeds", type=int, default=None, help="runs per configuration, seeds 0..N-1 (default: 5)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per run (sweep default: 3; 10 for RTE and STS-B; 4 for SQuAD and RACE; "
-                        "checkpoint protocol: 4 for every task; docs/experiments.md says where each "
-                        "comes from)")
+                   help="epochs per run (default, both protocols: 3; 10 for RTE and STS-B; 4 for SQuAD and "
+                        "RACE, as the paper's §4.2; docs/experiments.md says where each setting comes from)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per input (default: 128 for GLUE, 384 for SQuAD, 512 for RACE, capped at the "
                         "model's max_position_embeddings)")
