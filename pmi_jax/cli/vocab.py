@@ -1,4 +1,5 @@
-"""`pmi-jax vocab build|show|check`: make, inspect, validate masking vocabularies.
+"""`pmi-jax vocab build|show|check|select`: make, inspect, validate masking vocabularies, and
+choose their size from labelled n-grams (the paper's Appendix A).
 
 The contract: docs/design.md, "Measures" and "Masking vocabulary".
 """
@@ -23,6 +24,7 @@ def add_parser(subparsers) -> None:
     _add_build(commands)
     _add_show(commands)
     _add_check(commands)
+    _add_select(commands)
 
 
 def _add_build(commands) -> None:
@@ -83,6 +85,31 @@ def _add_check(commands) -> None:
                             "tokenizer). Exit status 1 if any entry is not.")
     p.add_argument("path", metavar="FILE", help="list file or vocabulary directory (local or gs://)")
     p.set_defaults(func=run_check)
+
+
+def _add_select(commands) -> None:
+    p = commands.add_parser(
+        "select", help="choose the vocabulary size from labelled n-grams (the paper's Appendix A)",
+        description="Score lists of the top-ranked n-grams of VOCAB_DIR, growing by --step, on hand-labelled "
+        "n-grams, as Levine et al. 2021 chose their 800K (Appendix A, Figure 3): r is the percent of n-grams "
+        "labelled 1 (collocation) that are in the list, c the percent of n-grams labelled 0 that are not, "
+        "f = 2rc/(r+c). Prints r, c and f per size, writes the plot, and recommends the size with the highest "
+        "f. Build VOCAB_DIR larger than the sizes to try: sizes run up to its size. docs/experiments.md, "
+        "'Choosing the vocabulary size', gives the paper's labelling recipe.")
+    p.add_argument("directory", metavar="VOCAB_DIR", help="vocabulary directory made by 'vocab build' (local or gs://)")
+    p.add_argument("--labels", required=True, metavar="FILE",
+                   help="one labelled n-gram per line: the n-gram, a tab, then 1 (collocation) or 0 (not); "
+                   "n-grams are lower-cased and split into words as the vocabulary's are")
+    p.add_argument("--step", type=int, default=50_000,
+                   help="list sizes step, 2*step, ... up to the vocabulary's size (default %(default)s, the paper's)")
+    p.add_argument("--order", choices=("shares", "score"), default="shares",
+                   help="shares (default): the list of size M is what 'vocab build --size M' would select with "
+                   "this vocabulary's --shares; score: the M best scores over all lengths together, the paper's "
+                   "wording")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="where to write the plot of r, c and f against size (default: FILE with its extension "
+                   "replaced by .select.png)")
+    p.set_defaults(func=run_select)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -150,3 +177,25 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"problem: {problem}")
     print("ok" if not problems else f"{len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def run_select(args: argparse.Namespace) -> int:
+    import os
+
+    from preprocess.vocab_size import select_size
+
+    plot = args.plot or os.path.splitext(args.labels)[0] + ".select.png"
+    selection = select_size(args.directory, args.labels, step=args.step, order=args.order, plot=plot)
+    print(f"{selection.positives} n-grams labelled collocation, {selection.negatives} not; "
+          f"lists of {args.directory} in {args.order} order")
+    print(f"{'size':>12}  {'r %':>6}  {'c %':>6}  {'f':>6}")
+    for s in selection.scores:
+        mark = "  <- recommended" if s is selection.recommended else ""
+        print(f"{s.size:>12,}  {s.recall:6.1f}  {s.complement_recall:6.1f}  {s.f:6.1f}{mark}")
+    if selection.skipped_sizes:
+        print("not readable off this vocabulary (a length's quota exceeds what it holds): "
+              + ", ".join(f"{n:,}" for n in selection.skipped_sizes))
+    best = selection.recommended
+    print(f"recommended size: {best.size:,} (f {best.f:.1f}: r {best.recall:.1f}%, c {best.complement_recall:.1f}%)")
+    print(f"plot: {plot}")
+    return 0
