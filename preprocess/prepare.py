@@ -399,6 +399,7 @@ class ShardWriter:
         self.special = wordpiece_vocab.special_ids(self.tokens)
         self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
         self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
+        self.words = 0  # words split off by `sequences` since the last `write` began
 
     def sequences(self, docs: Iterator[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
         """Packed sequences of the documents, in order."""
@@ -407,6 +408,7 @@ class ShardWriter:
             flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
             ids, word_token_splits = self.encoder.encode_words(flat_words)
             pieces_per_word = np.diff(word_token_splits)
+            self.words += len(pieces_per_word)
             word_start = np.zeros(len(ids), dtype=bool)
             word_start[word_token_splits[:-1][pieces_per_word > 0]] = True
             unit_start = {}
@@ -425,6 +427,7 @@ class ShardWriter:
         tmp = storage.temporary_sibling(path)
         encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
         stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
+        self.words = 0
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
@@ -432,6 +435,7 @@ class ShardWriter:
                     stats["sequences"] += 1
                     stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
             stats["content_tokens"] = packer.tokens
+            stats["words"] = self.words
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
             _write_json(_progress_path(ctx.output, task), stats)
@@ -615,6 +619,14 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
         for name in units:
             multiword[name] += stats["multiword_tokens"][name]
     content = sum(s["content_tokens"] for s in splits.values())
+    # Tokens per word (the paper's §2 and Table 1: 1.08 for its 30K vocabulary): WordPiece tokens
+    # over words of the basic tokenizer, punctuation included, over every split. Shards written by
+    # a version that did not count words leave it out.
+    counted = all("words" in shards[t.name] for t in tasks)
+    if counted:
+        for task in tasks:
+            splits[task.split]["words"] = splits[task.split].get("words", 0) + shards[task.name]["words"]
+    words = sum(s.get("words", 0) for s in splits.values())
     return {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
@@ -631,4 +643,5 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
         "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256,
                    "invalid_utf8_bytes": scan.invalid_utf8_bytes},
         "config_fingerprint": fingerprint,
+        **({"tokens_per_word": content / words} if counted and words else {}),
     }

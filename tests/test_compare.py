@@ -159,3 +159,14 @@ def test_unreadable_metrics_line_is_an_input_error(runs, tmp_path, capsys):
         f.write("not json\n")
     assert main(["compare", copy, runs["pmi"], "--output", str(tmp_path / "r")]) == 2
     assert "metrics.jsonl:5: not a metrics line" in capsys.readouterr().err
+
+
+def test_report_has_the_papers_per_checkpoint_table(runs, tmp_path):
+    """Tables 6-7's shape from `eval finetune --protocol checkpoint` results: a row per run, a column per step."""
+    output = str(tmp_path / "report")
+    assert main(["compare", runs["token"], runs["pmi"], "--output", output]) == 0
+    with open(os.path.join(output, "report.md")) as f:
+        report = f.read()
+    assert "### glue/rte per pretraining checkpoint (checkpoint protocol)" in report
+    assert "| scheme | 2 | 4 |" in report
+    assert "| random_token | 50.0 | 52.0 |" in report and "| pmi | 55.0 | 60.0 |" in report

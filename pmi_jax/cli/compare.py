@@ -19,7 +19,9 @@ def add_parser(subparsers) -> None:
                     "`eval finetune` results (eval/<task>-<protocol>-step<N>/results.json), and writes "
                     "REPORT_DIR/report.md: single-token perplexity and each fine-tuning score per scheme at "
                     "equal pretraining steps, the best per column in bold, runs that differ in anything but the "
-                    "scheme flagged; and PNG plots: mlm_loss.png, perplexity.png, one <task>-<protocol>.png per "
+                    "scheme flagged; the paper's table shapes (Table 2: SQuAD 2.0 EM and F1, RACE, GLUE average, "
+                    "dev/test; Table 8: GLUE per task; Tables 6-7: each task per pretraining checkpoint); and PNG "
+                    "plots: mlm_loss.png, perplexity.png, one <task>-<protocol>.png per "
                     "fine-tuning task (score against pretraining step, one line per scheme).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run directories (`pmi-jax train --workdir`)")
@@ -31,7 +33,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from pmi_jax.compare import plots, report
+    from pmi_jax.compare import paper_tables, plots, report
     from pmi_jax.compare.runs import read_run
     from pmi_jax.cli import quiet
     from pmi_jax.errors import UserInputError
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]
     tables = [t for t in [report.perplexity_table(runs)] if t] + report.finetune_tables(runs)
+    tables += paper_tables.tables(runs)  # the paper's Tables 2, 8 and 6-7, beside the summary above
     with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         names = [n for n in [plots.mlm_loss(runs, tmp), plots.perplexity(runs, tmp)] if n]
         names += plots.downstream(runs, tmp)

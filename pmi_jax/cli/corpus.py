@@ -127,8 +127,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     for split, stats in metadata["splits"].items():
         print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
               f"{stats['tokens']} tokens in {stats['shards']} shards")
+    per_word = (f", {metadata['tokens_per_word']:.3f} tokens per word" if "tokens_per_word" in metadata else "")
     print(f"wordpiece: {metadata['wordpiece']['size']} tokens"
-          f"{' (trained)' if metadata['wordpiece']['trained'] else ''}")
+          f"{' (trained)' if metadata['wordpiece']['trained'] else ''}{per_word}")
     for name, unit in metadata["units"].items():
         print(f"units {name}: {unit['entries']} entries, {unit['coverage']:.1%} of tokens inside multi-word units")
     print(f"wrote {args.output}")

@@ -116,8 +116,10 @@ def read_metadata(data_dir: str) -> dict:
     size, trained}, special_ids {pad, unk, cls, sep, mask}, units {name: {source, sha256,
     entries, coverage}}, splits {split: {shards, sequences, tokens, documents, files}},
     shards {file: {bytes, sequences, tokens, content_tokens, documents, multiword_tokens}},
-    corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint. `shards` and
-    `corpus.invalid_utf8_bytes` are absent from corpora prepared before they were recorded.
+    corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint, tokens_per_word
+    (content tokens over basic-tokenizer words; splits and shards then hold `words` too). `shards`,
+    `corpus.invalid_utf8_bytes` and the word counts are absent from corpora prepared before they
+    were recorded.
     """
     path = metadata_path(data_dir)
     if not storage.gfile.exists(path):
