@@ -3,13 +3,15 @@
     pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
+    pmi-jax eval finetune --hf-model released/bert-base-uncased --task race --data RACE --output results/bert-race
 
 `perplexity` masks one held-out token at a time (no other corruption) and reports
 exp(mean negative log-likelihood), the paper's Table 4 measure (§4.2); `finetune` runs one of
 the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median over
 seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's epochs
 (4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written to
-results.json and results.md. With --steps, each checkpoint of the run gets its own result.
+results.json and results.md. With --steps, each checkpoint of the run gets its own result;
+with --hf-model, a released transformers BERT is fine-tuned the same way (the paper's Table 3).
 
 Where results go inside the run directory (what `pmi-jax compare` reads):
     RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint
@@ -45,8 +47,8 @@ def _add_steps(p) -> None:
                         "steps (default: the one --checkpoint names, or the run's latest)")
 
 
-def _add_checkpoint(p) -> None:
-    p.add_argument("--checkpoint", required=True,
+def _add_checkpoint(p, required: bool = True) -> None:
+    p.add_argument("--checkpoint", required=required,
                    help="a training --workdir (its latest checkpoint) or one of its checkpoints/<step> directories "
                         "(local or gs://)")
 
@@ -87,7 +89,13 @@ def _add_finetune(commands) -> None:
                     "6-7). The score is the paper's metric per task (accuracy; Spearman for STS-B, Matthews "
                     "correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and results.md per "
                     "checkpoint.")
-    _add_checkpoint(p)
+    model = p.add_mutually_exclusive_group(required=True)
+    _add_checkpoint(model, required=False)
+    model.add_argument("--hf-model", metavar="DIR",
+                       help="instead of a pmi-jax run: a released Hugging Face BERT checkpoint saved locally "
+                            "(config.json, vocab.txt, model.safetensors; BertModel, BertForMaskedLM or "
+                            "BertForPreTraining), fine-tuned with the same protocol, e.g. to set a run beside "
+                            "SpanBERT as the paper's Table 3 does; needs --output")
     _add_steps(p)
     p.add_argument("--task", required=True, help=f"one of: {_TASK_NAMES}")
     source = p.add_mutually_exclusive_group(required=True)
@@ -170,7 +178,7 @@ def _read_examples(task, args: argparse.Namespace, split: str) -> list:
 def _absolute_paths(args: argparse.Namespace) -> None:
     from pmi_jax import paths
 
-    paths.make_absolute(args, "checkpoint", "data", "output", "vocab", "test_data", "tfds_data_dir")
+    paths.make_absolute(args, "checkpoint", "hf_model", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
 def _run_dir(checkpoint: str) -> str:
@@ -269,6 +277,15 @@ def _finetune_config(args: argparse.Namespace):
     return config
 
 
+def _restore_hf_model(directory: str):
+    """(config, params, metadata) of a released transformers BERT, shaped like `restore_for_eval`'s."""
+    from pmi_jax import huggingface
+    from pmi_jax.storage import file_sha256
+
+    config, params, vocab = huggingface.released_encoder(directory)
+    return config, params, {"step": None, "scheme": None, "vocab": vocab, "vocab_sha256": file_sha256(vocab)}
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -287,7 +304,14 @@ def run_finetune(args: argparse.Namespace) -> int:
     _absolute_paths(args)
 
     quiet.quiet_checkpoint_reads()
-    paths = _checkpoints(args.checkpoint, args.steps)
+    if args.hf_model:
+        if args.steps is not None:
+            raise UserInputError("--steps: a --hf-model has one set of weights; use --steps with --checkpoint")
+        if not args.output:
+            raise UserInputError("--hf-model: pass --output (a released model has no run directory to write into)")
+        paths, restore = [args.hf_model], _restore_hf_model
+    else:
+        paths, restore = _checkpoints(args.checkpoint, args.steps), checkpoints.restore_for_eval
 
     def output_for(path: str, step) -> str:
         if args.output:
@@ -299,13 +323,13 @@ def run_finetune(args: argparse.Namespace) -> int:
             storage.check_new_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
+        config, params, metadata = restore(path)
         step = metadata.get("step")
         output = output_for(path, step)
         storage.check_new_output(output, args.overwrite, directory=True)
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
-            vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
-                                   else None)
+            vocab = args.vocab or metadata.get("vocab") or (storage.join(metadata["data_dir"], "vocab.txt")
+                                                            if metadata.get("data_dir") else None)
             if not vocab:
                 raise UserInputError(f"checkpoint {path} records no corpus; pass --vocab")
             wordpiece = WordPieceVocabulary(vocab)
@@ -323,7 +347,7 @@ def run_finetune(args: argparse.Namespace) -> int:
                 encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
                 logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
                              len(encoded[split].arrays["input_ids"]))
-        check_matches_checkpoint(f"--vocab {vocab}" if args.vocab else f"the corpus's vocabulary {vocab}",
+        check_matches_checkpoint(f"--vocab {vocab}" if args.vocab else f"the model's vocabulary {vocab}",
                                  sha256=wordpiece.sha256, size=wordpiece.vocab_size,
                                  expected_sha256=metadata.get("vocab_sha256"), vocab_size=config.vocab_size,
                                  checkpoint=path)
@@ -332,10 +356,12 @@ def run_finetune(args: argparse.Namespace) -> int:
                                               dataclasses.replace(settings, max_seq_len=max_seq_len),
                                               encoded.get("test"))
         result.update({"checkpoint": path, "step": step, "scheme": metadata.get("scheme"),
+                       **({"hf_model": path} if args.hf_model else {}),
                        "data": args.data or f"tfds:{args.tfds}", "test_data": args.test_data,
                        "max_seq_len": max_seq_len})
         test_outputs = result.pop("test_outputs", None)
-        title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})"
+        title = (f"{task.name} fine-tuning of the released model {path}" if args.hf_model else
+                 f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})")
         with storage.atomic_directory(output, overwrite=args.overwrite) as tmp:  # every file or none
             if test_outputs is not None:
                 written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
@@ -346,7 +372,8 @@ def run_finetune(args: argparse.Namespace) -> int:
                 f.write(finetune.markdown_report(result, title))
         best = result["best"]
         test = f"; test {best['test']['score']:.2f}" if "test" in best else ""
-        print(f"{task.name} step {step} ({settings.protocol} protocol): dev {result['metric']} "
+        print(f"{task.name} {'of ' + path if args.hf_model else f'step {step}'} ({settings.protocol} protocol): "
+              f"dev {result['metric']} "
               f"{best['aggregate']['score']:.2f} (batch size {best['batch_size']}, learning rate "
               f"{best['learning_rate']:g}){test}; results in {output}/results.md")
     return 0
