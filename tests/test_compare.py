@@ -170,3 +170,15 @@ def test_report_has_the_papers_per_checkpoint_table(runs, tmp_path):
     assert "### glue/rte per pretraining checkpoint (checkpoint protocol)" in report
     assert "| scheme | 2 | 4 |" in report
     assert "| random_token | 50.0 | 52.0 |" in report and "| pmi | 55.0 | 60.0 |" in report
+
+
+def test_the_perplexity_table_names_its_test_set(runs, tmp_path):
+    """Table 4's test set is named: the prepared corpus and split the runs were scored on."""
+    output = str(tmp_path / "report")
+    assert main(["compare", runs["token"], runs["pmi"], "--output", output]) == 0
+    with open(os.path.join(output, "report.md")) as f:
+        report = f.read()
+    with open(os.path.join(runs["token"], "eval", "perplexity-validation-step4.json")) as f:
+        data = json.load(f)["data"]
+    assert f"Single-token perplexity on the validation split of `{data}`" in report
+    assert "scored on different corpora" not in report

@@ -63,10 +63,14 @@ def perplexity_table(runs: list[Run]) -> Table | None:
         return None
     rows = [(label, [r.perplexity[split][s]["perplexity"] for s in steps]) for label, r in zip(labels(runs), runs)]
     first = runs[0].perplexity[split][steps[-1]]
-    note = (f"Single-token perplexity on the {split} split (each scored token masked alone, nothing else "
-            f"corrupted; positions {first.get('positions')}, seed {first.get('seed')}, "
+    # The test set by name (the paper's Table 4 scores 110K held-out OpenWebText tokens, §4.2).
+    test_sets = sorted({str(r.perplexity[split][steps[-1]].get("data")) for r in runs})
+    note = (f"Single-token perplexity on the {split} split of `{'`, `'.join(test_sets)}` (each scored token "
+            f"masked alone, nothing else corrupted; positions {first.get('positions')}, seed {first.get('seed')}, "
             f"{first.get('num_tokens')} tokens at the last step), per pretraining step; lower is better. "
-            "The paper's Table 4 shape.")
+            "The paper's Table 4 shape."
+            + (" ⚠ The runs were scored on different corpora: their numbers do not compare." if len(test_sets) > 1
+               else ""))
     return Table("Single-token perplexity", note, [f"step {s}" for s in steps], rows, lower_is_better=True)
 
 
