@@ -102,18 +102,20 @@ def list_sizes(total: int, step: int) -> list[int]:
     return sizes if sizes[-1] == total else sizes + [total]
 
 
-def _lists(directory: str, sizes: Sequence[int], order: str):
-    """(size, set of n-grams in the list of that size) for each size this directory determines.
+def _lists(directory: str, rows: Sequence[tuple], sizes: Sequence[int], order: str, labelled: Sequence[str]):
+    """(size, the labelled n-grams in the list of that size) for each size this directory determines.
 
+    Each labelled n-gram's rank is looked up once; membership at a size is then a comparison, so
+    a vocabulary of a million n-grams and thirty sizes cost one pass over the table.
     With `shares`, length n holds min(quota_n(M), what the vocabulary held); a length that held
     its full quota at build time says nothing beyond it, so a size whose quota for that length
     is larger (possible for bigrams, which take the rounding remainder) is skipped.
     """
-    rows = masking_vocab.read_table(directory)
     if order == "score":
-        ranked = [r[0] for r in sorted(rows, key=lambda r: (-r[3], -r[2], r[0]))]
+        ranked = sorted(range(len(rows)), key=lambda i: (-rows[i][3], -rows[i][2], rows[i][0]))
+        rank = {rows[i][0]: position for position, i in enumerate(ranked)}
         for size in sizes:
-            yield size, set(ranked[:size])
+            yield size, {g for g in labelled if rank.get(g, size) < size}
         return
     stats = masking_vocab.read_stats(directory)
     try:
@@ -122,17 +124,17 @@ def _lists(directory: str, sizes: Sequence[int], order: str):
     except (KeyError, TypeError, ValueError):
         raise UserInputError(f"{directory}: stats.json lacks options.shares or quota (not made by `vocab "
                              "build`?); use --order score") from None
-    by_length: dict[int, list[str]] = {}
-    for ngram, n, _, _ in rows:  # the table is ordered by n, then rank
-        by_length.setdefault(n, []).append(ngram)
+    held: dict[int, int] = {}
+    rank = {}  # n-gram -> (n, rank within its length); the table is ordered by n, then rank
+    for ngram, n, _, _ in rows:
+        rank[ngram] = (n, held.get(n, 0))
+        held[n] = held.get(n, 0) + 1
     for size in sizes:
-        chosen, known = set(), True
-        for n, quota in vocab_selection.quotas(size, shares).items():
-            held = by_length.get(n, [])
-            if quota > len(held) and len(held) >= built_quota.get(n, 0):
-                known = False
-            chosen.update(held[:quota])
-        yield size, (chosen if known else None)
+        quota = vocab_selection.quotas(size, shares)
+        if any(q > held.get(n, 0) >= built_quota.get(n, 0) for n, q in quota.items()):
+            yield size, None
+            continue
+        yield size, {g for g in labelled if g in rank and rank[g][1] < quota.get(rank[g][0], 0)}
 
 
 def score_list(listed: set, labels: dict[str, bool]) -> tuple[float, float, float]:
@@ -152,9 +154,9 @@ def select_size(directory: str, labels_path: str, step: int = PAPER_STEP, order:
     if order not in ORDERS:
         raise UserInputError(f"--order {order}: expected one of {', '.join(ORDERS)}")
     labels = read_labels(labels_path)
-    total = len(masking_vocab.read_table(directory))
+    rows = masking_vocab.read_table(directory)
     scores, skipped = [], []
-    for size, listed in _lists(directory, list_sizes(total, step), order):
+    for size, listed in _lists(directory, rows, list_sizes(len(rows), step), order, list(labels)):
         if listed is None:
             skipped.append(size)
             continue
@@ -184,6 +186,7 @@ def write_plot(selection: Selection, path: str, title: str) -> None:
     axes.plot(sizes, [s.f for s in selection.scores], marker="o", label="f = 2rc / (r + c)")
     axes.axvline(selection.recommended.size, color="grey", linestyle="--",
                  label=f"recommended: {selection.recommended.size:,}")
+    axes.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}K" if x >= 1000 else f"{x:g}")
     axes.set_xlabel("masking vocabulary size (top-ranked n-grams)")
     axes.set_ylabel("percent of labelled n-grams")
     axes.set_title(title, fontsize=9)
