@@ -182,3 +182,25 @@ def test_the_perplexity_table_names_its_test_set(runs, tmp_path):
         data = json.load(f)["data"]
     assert f"Single-token perplexity on the validation split of `{data}`" in report
     assert "scored on different corpora" not in report
+
+
+def test_a_released_models_results_sit_beside_the_runs(runs, tmp_path, capsys):
+    """`compare --released DIR`: an `eval finetune --hf-model` output (no step) in the paper's Table 3 shape."""
+    released = tmp_path / "bert-base-uncased-rte"
+    released.mkdir()
+    protocol = {"protocol": "checkpoint", "batch_sizes": [32], "learning_rates": [3e-5], "seeds": 5, "epochs": 10,
+                "aggregate": "mean of the middle three", "selection": "each run's last epoch (no early stopping)"}
+    (released / "results.json").write_text(json.dumps({
+        "task": "glue/rte", "metric": "accuracy", "protocol": protocol, "step": None, "hf_model": "/m/bert-base",
+        "best": {"batch_size": 32, "learning_rate": 3e-5, "aggregate": {"accuracy": 58.0, "score": 58.0}}}))
+    output = str(tmp_path / "report")
+    assert main(["compare", runs["token"], runs["pmi"], "--released", str(released), "--output", output]) == 0
+    with open(os.path.join(output, "report.md")) as f:
+        report = f.read()
+    assert "### Released checkpoints beside the runs" in report
+    assert "| bert-base (released) | 58.0/– |" in report and "| pmi | 60.0/– |" in report
+    (released / "results.json").write_text(json.dumps({"task": "glue/rte"}))
+    assert main(["compare", runs["token"], "--released", str(released), "--output", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err
+    assert "not an `eval finetune --hf-model` result (needs task, hf_model, protocol and best.aggregate)" in err
+    assert not os.path.exists(tmp_path / "r2")

@@ -111,3 +111,18 @@ def test_per_checkpoint_tables_are_tables_6_and_7():
     assert [t.title for t in paper_tables.tables(runs)][-2:] == [
         "race per pretraining checkpoint (checkpoint protocol)",
         "squad/v2.0 per pretraining checkpoint (checkpoint protocol)"]
+
+
+def test_released_models_sit_beside_the_runs_as_in_table_3():
+    """Table 3: SpanBERT-base's RACE 70.5/68.7 beside PMI-Masking's 72.3/70.9 (2.4M steps)."""
+    spanbert = {**_result("race", "sweep", None, {"accuracy": 70.5}, {"accuracy": 68.7}),
+                "hf_model": "/models/spanbert-base/"}
+    runs = [_run("pmi", {("race", "sweep"): {2_400_000: _result("race", "sweep", 2_400_000, {"accuracy": 72.3},
+                                                                {"accuracy": 70.9})}}),
+            _run("random_span", {})]
+    table = paper_tables.released_table(runs, [spanbert])
+    assert table.columns == ["race acc (sweep)"]
+    assert table.rows == [("spanbert-base (released)", ["70.5/68.7"]), ("pmi", ["–"]), ("random_span", ["–"])]
+    table = paper_tables.released_table(runs[:1], [spanbert])
+    assert table.rows[1] == ("pmi", ["72.3/70.9"]) and "race: runs at step 2400000" in table.note
+    assert paper_tables.released_table(runs, []) is None

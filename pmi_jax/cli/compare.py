@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run directories (`pmi-jax train --workdir`)")
     p.add_argument("--output", required=True, metavar="REPORT_DIR",
                    help="directory to write report.md and the plots to (written whole, then moved into place)")
+    p.add_argument("--released", action="append", default=[], metavar="RESULTS_DIR",
+                   help="a released model's fine-tuning results (the --output of `eval finetune --hf-model`), "
+                        "shown beside the runs as the paper's Table 3 does (repeatable)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
     p.set_defaults(func=run)
 
@@ -34,7 +37,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from pmi_jax.compare import paper_tables, plots, report
-    from pmi_jax.compare.runs import read_run
+    from pmi_jax.compare.runs import read_finetune_result, read_run
     from pmi_jax.cli import quiet
     from pmi_jax.errors import UserInputError
 
@@ -43,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]
+    released = [read_finetune_result(path, released=True) for path in args.released]
     tables = [t for t in [report.perplexity_table(runs)] if t] + report.finetune_tables(runs)
-    tables += paper_tables.tables(runs)  # the paper's Tables 2, 8 and 6-7, beside the summary above
+    tables += paper_tables.tables(runs, released)  # the paper's Tables 2, 3, 8 and 6-7, beside the summary above
     with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         names = [n for n in [plots.mlm_loss(runs, tmp), plots.perplexity(runs, tmp)] if n]
         names += plots.downstream(runs, tmp)

@@ -1,8 +1,9 @@
 """The paper's downstream tables, from the runs' `eval finetune` results.
 
 Levine et al. 2021 report fine-tuning in three shapes, each rebuilt here with one row per run:
-    Table 2 (and 3)  end of pretraining, sweep protocol: SQuAD 2.0 EM and F1, RACE accuracy, the
+    Table 2          end of pretraining, sweep protocol: SQuAD 2.0 EM and F1, RACE accuracy, the
                      GLUE average (dev), each as dev/test where a test score exists
+    Table 3          released checkpoints (`eval finetune --hf-model`) beside the runs
     Table 8          the GLUE tasks one by one, with the metric of its caption
     Tables 6-7       per-checkpoint protocol: one task's dev score at every pretraining step
 A number is shown only at a step every run has a result for. No cell is marked best: these
@@ -166,9 +167,42 @@ def per_checkpoint_tables(runs: list[Run], protocol: str = "checkpoint") -> list
     return tables
 
 
-def tables(runs: list[Run]) -> list[PaperTable]:
-    """Every shape the runs' results allow, in the paper's order: Table 2, Table 8, Tables 6-7."""
+def released_table(runs: list[Run], released: list[dict]) -> PaperTable | None:
+    """Table 3's shape: released models (`eval finetune --hf-model` results) beside the runs, a
+    column per task and protocol a released model was evaluated on, dev/test; runs at their last
+    step every run has for that task ("–" where a run has none)."""
+    if not released:
+        return None
+    keys = sorted({(r["task"], r["protocol"]["protocol"]) for r in released})
+    columns, notes = [], []
+    rows = [(f"{r['hf_model'].rstrip('/').rsplit('/', 1)[-1]} (released)", ["–"] * len(keys)) for r in released]
+    for j, (task, protocol) in enumerate(keys):
+        metric = next(r["metric"] for r in released if (r["task"], r["protocol"]["protocol"]) == (task, protocol))
+        columns.append(f"{task} {METRIC_NAMES.get(metric, metric)} ({protocol})")
+        for (_, cells), result in zip(rows, released):
+            if (result["task"], result["protocol"]["protocol"]) == (task, protocol):
+                cells[j] = _dev_test(result, "score")
+    run_rows = [(label, ["–"] * len(keys)) for label in labels(runs)]
+    for j, (task, protocol) in enumerate(keys):
+        found = _at_last_common_step(runs, task, protocol)
+        if found:
+            step, results = found
+            notes.append(f"{task}: runs at step {step}")
+            for (_, cells), result in zip(run_rows, results):
+                cells[j] = _dev_test(result, "score")
+    note = ("Released checkpoints fine-tuned with the same protocol (`eval finetune --hf-model`) beside the runs, "
+            "dev/test ×100 in each task's metric; the paper's Table 3 shape. "
+            + ("; ".join(notes) + ". " if notes else "")
+            + "No winner marked: these scores carry no interval.")
+    return PaperTable("Released checkpoints beside the runs", note, columns, rows + run_rows)
+
+
+def tables(runs: list[Run], released: list[dict] = ()) -> list[PaperTable]:
+    """Every shape the results allow, in the paper's order: Table 2, Table 3, Table 8, Tables 6-7."""
     found = []
     for protocol in ("sweep", "checkpoint"):
-        found += [t for t in (end_of_training_table(runs, protocol), glue_table(runs, protocol)) if t]
+        found += [t for t in (end_of_training_table(runs, protocol),) if t]
+    found += [t for t in (released_table(runs, list(released)),) if t]
+    for protocol in ("sweep", "checkpoint"):
+        found += [t for t in (glue_table(runs, protocol),) if t]
     return found + per_checkpoint_tables(runs)

@@ -109,15 +109,29 @@ def read_run(path: str) -> Run:
                 raise UserInputError(f"{entry}: not an `eval perplexity` result (no perplexity or step)")
             run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
         elif storage.gfile.exists(storage.join(entry, "results.json")):
-            result = _read_json(storage.join(entry, "results.json"))
-            try:
-                key = (result["task"], result["protocol"]["protocol"])
-                result["best"]["aggregate"]["score"], int(result["step"])
-            except (KeyError, TypeError, ValueError):
-                raise UserInputError(f"{entry}/results.json: not an `eval finetune` result of this version "
-                                     "(needs task, step, protocol and best.aggregate)") from None
-            run.finetune.setdefault(key, {})[int(result["step"])] = result
+            result = read_finetune_result(entry, released=False)
+            run.finetune.setdefault((result["task"], result["protocol"]["protocol"]), {})[int(result["step"])] = result
     return run
+
+
+def read_finetune_result(directory: str, released: bool) -> dict:
+    """DIRECTORY/results.json of `eval finetune`, checked: of a run's checkpoint (with its step),
+    or, `released`, of a released model (`--hf-model`, no step)."""
+    path = storage.join(directory, "results.json")
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{directory}: no results.json (not an `eval finetune` output directory)")
+    result = _read_json(path)
+    try:
+        result["task"], result["protocol"]["protocol"], result["best"]["aggregate"]["score"]
+        if released and not result["hf_model"]:
+            raise ValueError
+        if not released:
+            int(result["step"])
+    except (KeyError, TypeError, ValueError):
+        needs = "task, hf_model, protocol and best.aggregate" if released else "task, step, protocol and best.aggregate"
+        what = "`eval finetune --hf-model` result" if released else "`eval finetune` result of this version"
+        raise UserInputError(f"{path}: not an {what} (needs {needs})") from None
+    return result
 
 
 def mismatches(runs: list[Run]) -> list[str]:
