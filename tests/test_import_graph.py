@@ -76,7 +76,7 @@ def _violations(modules, allowed) -> list[str]:
 def test_the_graph_is_read():
     """The parser sees known edges, so an empty violation list means something."""
     assert "pmi_jax.storage" in {t for _, t in project_imports("pmi_jax.formats.prepared_corpus")}
-    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.build_vocab")}
+    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.vocab.build_vocab")}
     assert any(_within(t, "preprocess") for m in MODULES if _within(m, "pmi_jax.cli") for _, t in project_imports(m))
     assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
 
@@ -105,7 +105,7 @@ def test_the_bottom_layer_imports_nothing_else_of_the_project(layer):
 def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     """The checks fail, naming the edge, on a module that breaks the rule."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\n\n\ndef f():\n    from preprocess.build_vocab import VocabOptions\n")
+    bad.write_text("import os\n\n\ndef f():\n    from preprocess.vocab.build_vocab import VocabOptions\n")
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
-        "bad.py:5 imports preprocess.build_vocab"]
+        "bad.py:5 imports preprocess.vocab.build_vocab"]

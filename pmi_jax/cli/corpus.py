@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 
 from pmi_jax.cli.defaults import LibraryDefault, value_of
-from preprocess import beam_options
+from preprocess.beam import beam_options
 
 
 def _config(field: str) -> LibraryDefault:
-    return LibraryDefault("preprocess.prepare", "PrepareConfig", field)
+    return LibraryDefault("preprocess.corpus.prepare", "PrepareConfig", field)
 
 
 _CONFIGS = ("tiny", "small", "base", "large")  # the configs/ a --seq-len must fit (max_position_embeddings)
@@ -109,7 +109,7 @@ def _check_trainable(seq_len: int) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.prepare import PrepareConfig, prepare
+    from preprocess.corpus.prepare import PrepareConfig, prepare
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
@@ -119,7 +119,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     _check_trainable(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
-            from preprocess import beam_prepare
+            from preprocess.beam import beam_prepare
 
             metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
         else:

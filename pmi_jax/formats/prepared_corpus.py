@@ -12,7 +12,7 @@ every feature an int64 list of length T:
 
 `PreparedCorpus` opens such a directory and checks that it is what its metadata says (every
 shard present with its recorded size, vocab.txt with its recorded hash); every reader opens
-corpora through it. The writer is preprocess/prepare.py.
+corpora through it. The writer is preprocess/corpus/prepare.py.
 """
 from __future__ import annotations
 

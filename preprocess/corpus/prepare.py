@@ -33,9 +33,10 @@ import tqdm
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
-from preprocess import documents, segmentation, wordpiece
-from preprocess.packing import SequencePacker
-from preprocess.words import split_words_ragged
+from preprocess.corpus import segmentation, wordpiece
+from preprocess.text import documents
+from preprocess.corpus.sequence_packing import SequencePacker
+from preprocess.text.words import split_words_ragged
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class CorpusScan:
     docs_per_file: tuple[int, ...]
     chars: int
     sha256: str
-    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/documents.py)
+    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/text/documents.py)
 
     @property
     def documents(self) -> int:
@@ -121,7 +122,7 @@ def scan_corpus(files: Sequence[str], progress: bool = True) -> CorpusScan:
 def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
     """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
     from pmi_jax.formats.masking_vocab import load_ngrams
-    from preprocess.vocab_selection import check_ngrams
+    from preprocess.vocab.vocab_selection import check_ngrams
 
     loaded = {}
     for name, source in units:
