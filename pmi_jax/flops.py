@@ -1,4 +1,4 @@
-"""Training FLOPs, device peaks and model FLOPs utilisation (MFU); metric writing.
+"""Training FLOPs, device peaks and model FLOPs utilisation (MFU).
 
 FLOPs of one training token of BERT, counting a multiply-add as 2 FLOPs and only matmuls
 (embedding gathers, LayerNorm, softmax, GELU and the optimizer are ignored, as in
@@ -29,9 +29,6 @@ bf16 dense peak of the devices in use.
 """
 from __future__ import annotations
 
-import json
-import logging
-import os
 import re
 
 from pmi_jax.config import ModelConfig
@@ -70,94 +67,3 @@ def mfu(flops_per_token: float, tokens_per_second: float, num_devices: int, peak
     if not peak_per_device:
         return None
     return flops_per_token * tokens_per_second / (num_devices * peak_per_device)
-
-
-class MetricWriter:
-    """Scalars to stdout, TensorBoard and `metrics.jsonl`, from process 0 only.
-
-    The JSON-lines file is the machine-readable record (one object per logged step); a
-    resumed run appends to it, so a step logged twice keeps its last value when read.
-    TensorBoard's event files are written through TensorFlow; where it is not installed (a
-    JAX-only accelerator image training from pre-masked batches) the run still logs to
-    stdout and `metrics.jsonl` on local disk, and says once that it writes no event files.
-    """
-
-    def __init__(self, logdir: str, enabled: bool):
-        self.logdir = logdir
-        self.enabled = enabled
-        self._tb = None
-        if not enabled:
-            return
-        jsonl = os.path.join(logdir, "metrics.jsonl") if "://" not in logdir else logdir.rstrip("/") + "/metrics.jsonl"
-        if "://" not in jsonl:
-            _drop_cut_line(jsonl)
-        try:
-            import tensorflow as tf
-        except ImportError:
-            if "://" in logdir:
-                raise
-            logging.warning("TensorFlow is not installed: no TensorBoard event files, metrics go to %s", jsonl)
-            os.makedirs(logdir, exist_ok=True)
-            self._jsonl = open(jsonl, "a")
-            return
-        tf.io.gfile.makedirs(logdir)
-        self._tb = tf.summary.create_file_writer(logdir)
-        self._jsonl = tf.io.gfile.GFile(jsonl, "a")
-
-    def write(self, step: int, scalars: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        if self._tb is not None:
-            import tensorflow as tf
-
-            with self._tb.as_default(step=step):
-                for name, value in scalars.items():
-                    if value is not None:
-                        tf.summary.scalar(name, value)
-        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-        self._jsonl.flush()
-        print(f"step {step}  " + "  ".join(_format(k, v) for k, v in scalars.items() if v is not None), flush=True)
-
-    def flush(self) -> None:
-        if self.enabled:
-            if self._tb is not None:
-                self._tb.flush()
-            self._jsonl.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            if self._tb is not None:
-                self._tb.close()
-            self._jsonl.close()
-
-
-def _drop_cut_line(path: str) -> None:
-    """A run killed mid-write leaves a last line without its newline; the resumed run appends to
-    the file, so cut that partial line first, or it would fuse with the next record."""
-    if not os.path.exists(path):
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def _format(name: str, value: float) -> str:
-    if name in ("learning_rate",):
-        return f"{name}={value:.3e}"
-    if abs(value) >= 1000:
-        return f"{name}={value:.0f}"
-    return f"{name}={value:.4f}"
-
-
-def read_metrics(logdir: str) -> dict[int, dict]:
-    """step -> the last record logged for it (a resumed run re-logs the steps it redid)."""
-    import tensorflow as tf
-
-    path = logdir.rstrip("/") + "/metrics.jsonl"
-    records = {}
-    with tf.io.gfile.GFile(path) as f:
-        for line in f:
-            record = json.loads(line)
-            records[record["step"]] = record
-    return records
