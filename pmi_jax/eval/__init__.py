@@ -9,4 +9,5 @@
     race         RACE: folder/TFDS reader, multiple-choice encoding, accuracy
     protocols    FinetuneConfig and the paper's two protocols' settings (sweep, per-checkpoint)
     finetune     one fine-tuning run, and a protocol over batch size × lr × seeds
+    run_eval     a run's checkpoints one after another, results under RUN/eval/ (what `pmi-jax eval` calls)
 """
