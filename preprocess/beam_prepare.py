@@ -103,7 +103,7 @@ def _run(config, plan, pipeline_options) -> dict:
             beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
-                           | "Read" >> beam_pipeline.ReadDocumentBatches(files)
+                           | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=plan.scan.text_field)
                            | "CountWords" >> beam.FlatMap(count_batch_words)
                            | "SumWords" >> beam.CombinePerKey(sum)
                            | "AllWords" >> beam.combiners.ToList()

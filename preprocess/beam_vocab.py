@@ -206,7 +206,7 @@ def write(selected: dict, output: str, started: float, covered: int, invalid_utf
 def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, options, started: float) -> None:
     """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
     max_n, min_count = options.max_n, options.min_count
-    read = beam_pipeline.ReadDocumentBatches(files)
+    read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
     batches = (pipeline
                | "Read" >> read
                | "Words" >> beam.Map(document_words))

@@ -40,6 +40,7 @@ class VocabOptions:
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
     tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
+    text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/documents.py)
 
     def validated(self) -> "VocabOptions":
         """These options with defaults filled in; UserInputError naming the first bad option."""
@@ -92,7 +93,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     check_output_apart(inputs, files, output)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
     with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
-        stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress)
+        stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress,
+                                 text_field=options.text_field)
         if stream.num_words == 0:
             raise UserInputError(
                 f"--input {' '.join(inputs)}: no words in {len(files)} file(s): {', '.join(files[:3])}")

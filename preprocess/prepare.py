@@ -62,6 +62,7 @@ class PrepareConfig:
     workers: int = 1
     overwrite: bool = False
     progress: bool = True                     # progress bars on stderr
+    text_field: str = documents.DEFAULT_TEXT_FIELD  # the documents' field in JSON lines, Parquet and Arrow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,7 @@ class CorpusScan:
     chars: int
     sha256: str
     invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/documents.py)
+    text_field: str = documents.DEFAULT_TEXT_FIELD
 
     @property
     def documents(self) -> int:
@@ -103,19 +105,20 @@ class WorkerContext:
 # ---------------------------------------------------------------------------------------------
 # Inputs: corpus, vocabularies, document assignment.
 
-def scan_corpus(files: Sequence[str], progress: bool = True) -> CorpusScan:
+def scan_corpus(files: Sequence[str], progress: bool = True,
+                text_field: str = documents.DEFAULT_TEXT_FIELD) -> CorpusScan:
     """One pass over the corpus: documents per file, characters, and a content hash."""
     digest = hashlib.sha256()
     counts, chars = [], 0
     with documents.tally_replacements() as replaced:
         for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2 or not progress):
             n = 0
-            for doc in documents.read_documents(path):
+            for doc in documents.read_documents(path, text_field):
                 digest.update(doc.encode("utf-8") + b"\0")
                 chars += len(doc)
                 n += 1
             counts.append(n)
-    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()))
+    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field)
 
 
 def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
@@ -370,7 +373,7 @@ def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple
     for f, path in enumerate(scan.files):
         if first_of_file[f + 1] <= lo or first_of_file[f] > hi:
             continue
-        for i, doc in enumerate(documents.read_documents(path), start=int(first_of_file[f])):
+        for i, doc in enumerate(documents.read_documents(path, scan.text_field), start=int(first_of_file[f])):
             if i > hi:
                 break
             if i in wanted:
@@ -499,7 +502,7 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
-        counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS))
+        counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS, scan.text_field))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
     wordpiece_vocab.write_vocab(target, tokens)
     return tokens
@@ -537,7 +540,7 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     check_output_apart(config, files)
     given = wordpiece_vocab.load_vocab(config.wordpiece) if config.wordpiece is not None else None
     units = load_unit_vocabularies(config.units)
-    scan = scan_corpus(files, config.progress)
+    scan = scan_corpus(files, config.progress, config.text_field)
     if scan.documents == 0:
         raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
     is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)

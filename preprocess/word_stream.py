@@ -69,17 +69,17 @@ def _batch_word_ids(documents: list[str]):
 
 
 def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: int, progress: bool = False,
-                    batch_chars: int = 1_000_000) -> CorpusStream:
+                    batch_chars: int = 1_000_000, text_field: str = "text") -> CorpusStream:
     """Split every document of `files` into words and write the id stream to `work_dir`.
 
     Words are split by `split_words_spans` and named by `word_keys`; should two different long
     words ever share a key, the corpus is read again with words as strings throughout.
     """
     try:
-        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars)
+        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field)
     except WordKeyCollision:
         logging.warning("two different words hash alike; reading the corpus again with exact string keys")
-        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars)
+        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars, text_field)
 
 
 class _StreamWriter:
@@ -115,14 +115,14 @@ class _StreamWriter:
                             num_words=self.num_positions[1], num_positions=self.num_positions)
 
 
-def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars) -> CorpusStream:
+def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text") -> CorpusStream:
     from preprocess.documents import iter_document_batches
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
     try:
         for unique, inverse, lengths, (buffer, starts, sizes) in ordered_map(
-                _batch_word_ids, iter_document_batches(files, batch_chars), workers):
+                _batch_word_ids, iter_document_batches(files, batch_chars, text_field), workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(k, len(vocab) + 1) for k in unique.tolist()), np.int32,
                                           len(unique))
@@ -141,7 +141,8 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
     return stream
 
 
-def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars) -> CorpusStream:
+def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars,
+                                text_field="text") -> CorpusStream:
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
@@ -156,7 +157,7 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
     vocab: dict[bytes, int] = {}
     try:
-        for unique, inverse, lengths in ordered_map(run, iter_document_batches(files, batch_chars), workers):
+        for unique, inverse, lengths in ordered_map(run, iter_document_batches(files, batch_chars, text_field), workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(w, len(vocab) + 1) for w in unique), np.int32,
                                           len(unique))

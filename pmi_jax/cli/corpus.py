@@ -32,8 +32,12 @@ def _add_prepare(commands) -> None:
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
     p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (documents separated by blank lines) or .jsonl files with a 'text' field; "
-                   "globs, directories and gs:// URLs accepted, optionally .gz")
+                   help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, "
+                   ".arrow, or a directory saved by Hugging Face datasets' save_to_disk; globs, directories and "
+                   "gs:// URLs accepted")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
+                   "(default %(default)s)")
     p.add_argument("--output", required=True, metavar="DIR", help="data directory to write (local or gs://)")
     wp = p.add_mutually_exclusive_group()
     wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
@@ -115,7 +119,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
         wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
-        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
+        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
+        text_field=args.text_field)
     _check_trainable(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
