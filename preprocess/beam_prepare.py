@@ -89,13 +89,12 @@ def prepare(config, pipeline_options=None) -> dict:
 
 
 def _run(config, plan, pipeline_options) -> dict:
-    from pmi_jax.formats import wordpiece_vocab
     from preprocess import prepare as local
 
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:
-        wordpiece_vocab.write_vocab(vocab_txt, given)
+        plan.install_given()
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()

@@ -33,7 +33,7 @@ import tqdm
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
-from preprocess import documents, segmentation, wordpiece
+from preprocess import documents, hf_tokenizer, segmentation, wordpiece
 from preprocess.packing import SequencePacker
 from preprocess.words import split_words_ragged
 
@@ -63,6 +63,8 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True                     # progress bars on stderr
     text_field: str = documents.DEFAULT_TEXT_FIELD  # the documents' field in JSON lines, Parquet and Arrow
+    tokenizer: str | None = None              # a tokenizer.json, or a vocab.txt (cased with `cased`)
+    cased: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,7 @@ class WorkerContext:
     seq_len: int
     seed: int
     scan: CorpusScan
+    tokenizer_json: str | None = None  # DIR/tokenizer.json where the ids come from `tokenizers`
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,9 +124,15 @@ def scan_corpus(files: Sequence[str], progress: bool = True,
     return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field)
 
 
-def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
-    """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
-    from pmi_jax.formats.masking_vocab import load_ngrams
+def load_unit_vocabularies(units: Sequence[tuple[str, str]],
+                           tokenizer: hf_tokenizer.HFTokenizer | None = None) -> dict[str, dict]:
+    """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}.
+
+    A vocabulary directory records the word splitting it was built with (stats.json's
+    "tokenizer", absent for BERT's uncased words); it must be this corpus's, or no unit would
+    ever match. A plain list is checked against BERT's uncased words on the default path only.
+    """
+    from pmi_jax.formats.masking_vocab import load_ngrams, read_stats
     from preprocess.vocab_selection import check_ngrams
 
     loaded = {}
@@ -135,7 +144,14 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
         if name in loaded:
             raise UserInputError(f"--units {name}=...: the name {name} is given twice")
         ngrams = [tuple(g) for g in load_ngrams(source)]
-        problems = check_ngrams(ngrams)  # wrong normalisation, lengths outside 2..5, duplicates
+        if storage.gfile.isdir(source):
+            built = read_stats(source).get("tokenizer", {}).get("words_sha256")
+            ours = tokenizer.words_sha256 if tokenizer is not None else None
+            if built != ours:
+                words = lambda s: "the words of --tokenizer" if s else "BERT's uncased words"  # noqa: E731
+                raise UserInputError(f"--units {name}={source}: built on {words(built)}, but this corpus is split "
+                                     f"into {words(ours)}; build it with the same --tokenizer")
+        problems = check_ngrams(ngrams, normalisation=tokenizer is None)  # lengths outside 2..5, duplicates
         if problems:
             raise UserInputError(f"--units {name}={source}: " + "; ".join(problems))
         loaded[name] = {"source": source, "sha256": segmentation.ngrams_sha256(ngrams), "entries": len(ngrams)}
@@ -202,6 +218,8 @@ def check_config(config: PrepareConfig) -> None:
         raise UserInputError(f"--shards {config.shards}: must be positive (or 0 for automatic)")
     if config.workers < 1:
         raise UserInputError(f"--workers {config.workers}: must be at least 1")
+    if config.wordpiece is not None and config.tokenizer is not None:
+        raise UserInputError("--wordpiece and --tokenizer: give one")
     if config.wordpiece is None and config.wordpiece_size <= len(wordpiece_vocab.SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {config.wordpiece_size}: must exceed the special tokens")
 
@@ -219,7 +237,8 @@ def _our_files(output: str) -> list[str]:
 def _is_ours(name: str) -> bool:
     name = name.rstrip("/")
     return (name.endswith(".tfrecord") or ".tmp-" in name
-            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, _MARKER, _PROGRESS))
+            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.TOKENIZER_FILE, prepared_corpus.METADATA_FILE,
+                        _MARKER, _PROGRESS))
 
 
 def check_output_apart(config: PrepareConfig, files: Sequence[str]) -> None:
@@ -327,11 +346,16 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     vocab = prepared_corpus.vocab_path(output)
     vocab_ok = (storage.gfile.exists(vocab)
                 and storage.file_sha256(vocab) == metadata.get("wordpiece", {}).get("sha256"))
+    if "tokenizer" in metadata:
+        tokenizer = prepared_corpus.tokenizer_path(output)
+        vocab_ok = vocab_ok and (storage.gfile.exists(tokenizer)
+                                 and storage.file_sha256(tokenizer) == metadata["tokenizer"].get("sha256"))
     if not damaged and vocab_ok:
         return True  # (an older run's metadata records no sizes: presence is what can be checked)
     problems = [f"{name} is {what}" for name, what in damaged.items()]
     if not vocab_ok:
-        problems.append(f"{prepared_corpus.VOCAB_FILE} is missing or not the one recorded")
+        problems.append(f"{prepared_corpus.VOCAB_FILE} or {prepared_corpus.TOKENIZER_FILE} is missing or not the "
+                        "one recorded")
     log.warning("%s: prepared with this configuration, but %s; rewriting what is damaged", output,
                 "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
     _write_json(storage.join(output, _MARKER), {"config_fingerprint": fingerprint})
@@ -344,6 +368,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
         _remove(storage.join(output, name))
     if not vocab_ok:
         _remove(vocab)
+        _remove(prepared_corpus.tokenizer_path(output))
     return False
 
 
@@ -400,15 +425,22 @@ class ShardWriter:
         self.context = context
         self.tokens = wordpiece_vocab.load_vocab(context.vocab_txt)
         self.special = wordpiece_vocab.special_ids(self.tokens)
-        self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
+        if context.tokenizer_json is not None:
+            self.encoder = hf_tokenizer.load(context.tokenizer_json)
+        else:
+            self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
         self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
 
     def sequences(self, docs: Iterator[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
         """Packed sequences of the documents, in order."""
         for doc_indices, texts in _batches(docs):
-            words = split_words_ragged(tf.constant(texts))
-            flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
-            ids, word_token_splits = self.encoder.encode_words(flat_words)
+            if isinstance(self.encoder, hf_tokenizer.HFTokenizer):
+                words, doc_word_splits, ids, word_token_splits = self.encoder.encode(texts)
+                flat_words = tf.constant(words, tf.string)
+            else:
+                words = split_words_ragged(tf.constant(texts))
+                flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
+                ids, word_token_splits = self.encoder.encode_words(flat_words)
             pieces_per_word = np.diff(word_token_splits)
             word_start = np.zeros(len(ids), dtype=bool)
             word_start[word_token_splits[:-1][pieces_per_word > 0]] = True
@@ -519,6 +551,7 @@ class PreparePlan:
     shard_counts: dict[str, int]  # shards per split
     tasks: list[ShardTask]  # every shard of the output
     todo: list[ShardTask]   # those not yet written (all of them, unless resuming)
+    tokenizer: hf_tokenizer.HFTokenizer | None = None  # --tokenizer (not an uncased vocab.txt)
 
     @property
     def vocab_txt(self) -> str:
@@ -526,7 +559,16 @@ class PreparePlan:
 
     def worker_context(self) -> WorkerContext:
         c = self.config
-        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan)
+        tokenizer_json = prepared_corpus.tokenizer_path(c.output) if self.tokenizer is not None else None
+        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan, tokenizer_json)
+
+    def install_given(self) -> None:
+        """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
+        if self.tokenizer is not None:
+            with storage.atomic_file(prepared_corpus.tokenizer_path(self.config.output)) as f:
+                f.write(self.tokenizer.json_text)
+        if self.given_wordpiece is not None:
+            wordpiece_vocab.write_vocab(self.vocab_txt, self.given_wordpiece)
 
 
 def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
@@ -538,8 +580,13 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     check_config(config)
     files = documents.expand_inputs(config.inputs)
     check_output_apart(config, files)
-    given = wordpiece_vocab.load_vocab(config.wordpiece) if config.wordpiece is not None else None
-    units = load_unit_vocabularies(config.units)
+    tokenizer = hf_tokenizer.select(config.tokenizer, config.cased)
+    given_path = config.wordpiece if config.tokenizer is None else config.tokenizer
+    if tokenizer is not None:
+        given = tokenizer.tokens
+    else:
+        given = wordpiece_vocab.load_vocab(given_path) if given_path is not None else None
+    units = load_unit_vocabularies(config.units, tokenizer)
     scan = scan_corpus(files, config.progress, config.text_field)
     if scan.documents == 0:
         raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
@@ -547,6 +594,8 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     counts = shard_counts(config, scan, is_validation)
     wordpiece_id = ({"sha256": wordpiece_vocab.vocab_sha256(given)} if given is not None
                     else {"trained_size": config.wordpiece_size})
+    if tokenizer is not None:
+        wordpiece_id["tokenizer_sha256"] = tokenizer.sha256
     fingerprint = config_fingerprint(config, scan, wordpiece_id, units, counts)
 
     done = claim_output(config.output, fingerprint, config.overwrite)
@@ -557,7 +606,7 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     todo = [t for t in tasks if not _is_done(config.output, t)]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
-    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo)
+    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo, tokenizer)
 
 
 def finish_prepare(plan: PreparePlan) -> dict:
@@ -566,6 +615,10 @@ def finish_prepare(plan: PreparePlan) -> dict:
     tokens = wordpiece_vocab.load_vocab(plan.vocab_txt)
     metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
+    if plan.tokenizer is not None:
+        metadata["tokenizer"] = {"path": prepared_corpus.TOKENIZER_FILE, "source": plan.tokenizer.source,
+                                 "model": plan.tokenizer.model, "sha256": plan.tokenizer.sha256,
+                                 "words_sha256": plan.tokenizer.words_sha256}
     _write_json(prepared_corpus.metadata_path(output), metadata)
     _remove(storage.join(output, _PROGRESS))
     _remove(storage.join(output, _MARKER))
@@ -578,7 +631,10 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         plan = plan_prepare(config)
         if not isinstance(plan, PreparePlan):
             return plan
-        _install_wordpiece(config, plan.scan, plan.given_wordpiece)
+        if plan.given_wordpiece is not None:
+            plan.install_given()
+        else:
+            _install_wordpiece(config, plan.scan, None)
         _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
         return finish_prepare(plan)
 

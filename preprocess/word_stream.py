@@ -8,6 +8,7 @@ appearance, so they do not depend on the worker count. See docs/design.md, "Word
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Sequence
@@ -43,7 +44,7 @@ class CorpusStream:
 
 
 
-def _batch_word_ids(documents: list[str]):
+def _batch_word_ids(documents: list[str], tokenizer=None):
     """Words of a batch: (keys of its distinct words in order of first appearance, index of each
     word into them, words per document, the bytes of each distinct word's first occurrence as
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
@@ -51,7 +52,7 @@ def _batch_word_ids(documents: list[str]):
 
     from preprocess.words import split_words_spans
 
-    spans = split_words_spans(documents)
+    spans = split_words_spans(documents) if tokenizer is None else tokenizer.word_spans(documents)
     keys = word_keys(spans.buffer, spans.starts, spans.lengths)
     unique, inverse = (t.numpy() for t in tf.unique(keys, out_idx=tf.int32))
     # Distinct words are numbered in order of first appearance, so a word's first occurrence is
@@ -69,17 +70,19 @@ def _batch_word_ids(documents: list[str]):
 
 
 def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: int, progress: bool = False,
-                    batch_chars: int = 1_000_000, text_field: str = "text") -> CorpusStream:
+                    batch_chars: int = 1_000_000, text_field: str = "text", tokenizer=None) -> CorpusStream:
     """Split every document of `files` into words and write the id stream to `work_dir`.
 
-    Words are split by `split_words_spans` and named by `word_keys`; should two different long
-    words ever share a key, the corpus is read again with words as strings throughout.
+    Words are split by `split_words_spans` (or by `tokenizer`, a preprocess.hf_tokenizer.HFTokenizer)
+    and named by `word_keys`; should two different long words ever share a key, the corpus is read
+    again with words as strings throughout.
     """
     try:
-        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field)
+        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field, tokenizer)
     except WordKeyCollision:
         logging.warning("two different words hash alike; reading the corpus again with exact string keys")
-        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars, text_field)
+        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars, text_field,
+                                           tokenizer)
 
 
 class _StreamWriter:
@@ -115,14 +118,16 @@ class _StreamWriter:
                             num_words=self.num_positions[1], num_positions=self.num_positions)
 
 
-def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text") -> CorpusStream:
+def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text",
+                             tokenizer=None) -> CorpusStream:
     from preprocess.documents import iter_document_batches
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
     try:
         for unique, inverse, lengths, (buffer, starts, sizes) in ordered_map(
-                _batch_word_ids, iter_document_batches(files, batch_chars, text_field), workers):
+                functools.partial(_batch_word_ids, tokenizer=tokenizer),
+                iter_document_batches(files, batch_chars, text_field), workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(k, len(vocab) + 1) for k in unique.tolist()), np.int32,
                                           len(unique))
@@ -142,7 +147,7 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
 
 
 def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars,
-                                text_field="text") -> CorpusStream:
+                                text_field="text", tokenizer=None) -> CorpusStream:
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
@@ -150,7 +155,7 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     from preprocess.words import split_words_flat
 
     def run(batch: list[str]):
-        words, row_splits = split_words_flat(batch)
+        words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
         unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
         return unique.numpy(), inverse.numpy(), np.diff(row_splits)
 

@@ -43,9 +43,16 @@ def _add_prepare(commands) -> None:
     wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
                     "without it an uncased vocabulary is trained on the corpus")
+    wp.add_argument("--tokenizer", metavar="PATH",
+                    help="your own tokenizer: a Hugging Face tokenizer.json (WordPiece, BPE or Unigram; special " 
+                    "tokens [PAD] (id 0) [UNK] [CLS] [SEP] [MASK]), or a BERT vocab.txt with --cased. Words for the "
+                    "masking units are its pre-tokenizer's words; the ids are what `tokenizers` gives each document. "
+                    "See docs/tokenizers.md")
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
+    p.add_argument("--cased", action="store_true",
+                   help="with --tokenizer VOCAB_TXT: BERT's cased WordPiece (no lower-casing, accents kept)")
     p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
@@ -120,7 +127,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
-        text_field=args.text_field)
+        text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
     _check_trainable(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
