@@ -194,3 +194,28 @@ def test_cli_tokenizer_errors(corpus, tokenizers_, tmp_path, capsys):
         assert status == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "out").exists()
+
+
+def test_export_writes_the_corpus_tokenizer_for_transformers(corpus, tokenizers_, tmp_path):
+    """`export hf` of a model trained on a --tokenizer corpus: transformers' AutoTokenizer gives
+    [CLS] + the ids corpus prepare wrote + [SEP]."""
+    import transformers
+
+    from pmi_jax.formats import hf_checkpoint
+
+    metadata = _prepare(corpus, tokenizers_["unigram"], tmp_path / "data")
+    tokens = (tmp_path / "data" / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    text = prepared_corpus.read_tokenizer(str(tmp_path / "data"), metadata)
+    out = tmp_path / "hf"
+    out.mkdir()
+    hf_checkpoint.write_checkpoint(str(out), {"model_type": "bert", "vocab_size": len(tokens)}, {}, tokens, 128,
+                                   "card", corpus_tokenizer=text)
+    loaded = transformers.AutoTokenizer.from_pretrained(str(out))
+    special = metadata["special_ids"]
+    reference = _reference(tokenizers_["unigram"])
+    for doc in corpus["docs"][:50] + EXTRA[:4]:
+        expected = [special["cls"]] + reference.encode(doc, add_special_tokens=False).ids + [special["sep"]]
+        assert loaded(doc)["input_ids"] == expected
+    assert loaded.mask_token_id == special["mask"] and loaded.pad_token_id == 0
+    with pytest.raises(UserInputError, match="does not hold the model's vocabulary"):
+        hf_checkpoint.write_checkpoint(str(tmp_path), {}, {}, tokens[:-1], 128, "card", corpus_tokenizer=text)

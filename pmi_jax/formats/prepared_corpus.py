@@ -116,6 +116,19 @@ def tokenizer_path(data_dir: str) -> str:
     return storage.join(data_dir, TOKENIZER_FILE)
 
 
+def read_tokenizer(data_dir: str, metadata: dict) -> str | None:
+    """The text of tokenizer.json where the corpus was prepared with `--tokenizer` (None otherwise),
+    checked against the hash metadata.json records."""
+    record = metadata.get("tokenizer")
+    if record is None:
+        return None
+    path = tokenizer_path(data_dir)
+    if not storage.gfile.exists(path) or storage.file_sha256(path) != record.get("sha256"):
+        raise UserInputError(f"{path}: missing, or not the {TOKENIZER_FILE} metadata.json records")
+    with storage.gfile.GFile(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
 def read_metadata(data_dir: str) -> dict:
     """The parsed metadata.json of a data directory, its structure checked; a one-line error otherwise.
 
