@@ -219,3 +219,22 @@ def test_export_writes_the_corpus_tokenizer_for_transformers(corpus, tokenizers_
     assert loaded.mask_token_id == special["mask"] and loaded.pad_token_id == 0
     with pytest.raises(UserInputError, match="does not hold the model's vocabulary"):
         hf_checkpoint.write_checkpoint(str(tmp_path), {}, {}, tokens[:-1], 128, "card", corpus_tokenizer=text)
+
+
+def test_beam_pipelines_take_the_tokenizer_too(corpus, tokenizers_, tmp_path):
+    """vocab build and corpus prepare on Beam (DirectRunner) with --tokenizer: the local outputs, byte for byte."""
+    tokenizer = str(tokenizers_["unigram"])
+    local_vocab = tmp_path / "local_vocab"
+    build_vocab.build_vocabulary([str(corpus["path"])], str(local_vocab),
+                                 VocabOptions(size=200, min_count=5, workers=1, tokenizer=tokenizer))
+    assert main(["vocab", "build", "--input", str(corpus["path"]), "--output", str(tmp_path / "beam_vocab"),
+                 "--size", "200", "--min-count", "5", "--tokenizer", tokenizer, "--no-progress",
+                 "--runner", "DirectRunner"]) == 0
+    assert (tmp_path / "beam_vocab" / "masking_vocab.tsv").read_bytes() == (local_vocab / "masking_vocab.tsv").read_bytes()
+    local = _prepare(corpus, tokenizer, tmp_path / "local", units=[("pmi", str(local_vocab))])
+    assert main(["corpus", "prepare", "--input", str(corpus["path"]), "--output", str(tmp_path / "beam"),
+                 "--tokenizer", tokenizer, "--units", f"pmi={local_vocab}", "--seq-len", "128",
+                 "--validation-fraction", "0", "--shards", "2", "--no-progress", "--runner", "DirectRunner"]) == 0
+    assert json.loads((tmp_path / "beam" / "metadata.json").read_text()) == local
+    for path in (tmp_path / "local").iterdir():
+        assert (tmp_path / "beam" / path.name).read_bytes() == path.read_bytes(), path.name
