@@ -17,6 +17,7 @@ each split's documents, in corpus order, are cut into contiguous runs, one per s
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -534,7 +535,10 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
-        counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS, scan.text_field))
+        from preprocess.word_stream import count_words  # the vocabulary build's threaded reader: same counts
+
+        counts = collections.Counter(count_words(scan.files, config.workers, scan.text_field, config.progress,
+                                                 _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
     wordpiece_vocab.write_vocab(target, tokens)
     return tokens

@@ -88,9 +88,9 @@ def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: in
 class _StreamWriter:
     """Appends batches of word ids to the id stream, with word counts and corpus sizes."""
 
-    def __init__(self, path: str, max_n: int, progress: bool):
+    def __init__(self, path: str | None, max_n: int, progress: bool):
         self.path, self.max_n = path, max_n
-        self.file = open(path, "wb")
+        self.file = open(path, "wb") if path is not None else None  # None: count only
         self.words: list[bytes] = [b""]
         self.counts = np.zeros([1024], np.int64)
         self.documents = self.length = 0
@@ -103,7 +103,8 @@ class _StreamWriter:
             grown[:len(self.counts)] = self.counts
             self.counts = grown
         self.counts[local_to_global] += np.bincount(inverse, minlength=len(local_to_global))
-        self.file.write(_with_separators(local_to_global[inverse], lengths).tobytes())
+        if self.file is not None:
+            self.file.write(_with_separators(local_to_global[inverse], lengths).tobytes())
         self.documents += len(lengths)
         self.length += len(inverse) + len(lengths)
         for k in range(1, self.max_n + 1):
@@ -111,7 +112,8 @@ class _StreamWriter:
         self.bar.update(len(inverse))
 
     def close(self) -> CorpusStream:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
         self.bar.close()
         return CorpusStream(path=self.path, length=self.length, words=self.words,
                             word_counts=self.counts[:len(self.words)], documents=self.documents,
@@ -122,7 +124,7 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
                              tokenizer=None) -> CorpusStream:
     from preprocess.documents import iter_document_batches
 
-    writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
+    writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
     try:
         for unique, inverse, lengths, (buffer, starts, sizes) in ordered_map(
@@ -159,7 +161,7 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
         unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
         return unique.numpy(), inverse.numpy(), np.diff(row_splits)
 
-    writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
+    writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[bytes, int] = {}
     try:
         for unique, inverse, lengths in ordered_map(run, iter_document_batches(files, batch_chars, text_field), workers):
@@ -171,6 +173,18 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     finally:
         stream = writer.close()
     return stream
+
+
+def count_words(files: Sequence[str], workers: int, text_field: str = "text", progress: bool = False,
+                batch_chars: int = 1_000_000) -> dict[str, int]:
+    """{word: count} over the corpus, words as `preprocess.words` splits them, on `workers` threads.
+
+    The vocabulary build's reader without its id stream: memory grows with the distinct words,
+    not with the corpus. Equal to `preprocess.wordpiece.count_words` over the same documents
+    (tests/test_wordpiece.py), which runs the tokenizer in one thread.
+    """
+    stream = tokenise_corpus(files, None, 1, workers, progress, batch_chars, text_field)
+    return {w.decode("utf-8"): c for w, c in zip(stream.words[1:], stream.word_counts[1:].tolist())}
 
 
 def _with_separators(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
