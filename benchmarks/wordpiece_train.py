@@ -13,9 +13,11 @@ The held-out documents, unperturbed, measure coverage: WordPiece tokens per word
 vocabulary, both tokenised by the same tensorflow_text WordpieceTokenizer on BERT's words.
 
 Contenders, each in a child process of its own (peak RSS is its own, ru_maxrss):
-  tf_text      what `corpus prepare` does today without --wordpiece: preprocess.wordpiece.count_words
+  tf_text      what `corpus prepare` did before issue 23 without --wordpiece: preprocess.wordpiece.count_words
                (tensorflow_text's BasicTokenizer, one process) then preprocess.wordpiece.train_vocab
                (tensorflow_text's learner, binary search of the piece-count threshold)
+  threaded_count  what `corpus prepare` does since issue 23: preprocess.word_stream.count_words (the
+               vocabulary build's reader, every core, the same counts) then the same train_vocab
   tokenizers   `tokenizers`' WordPieceTrainer from raw documents: BertNormalizer (lower-case, strip
                accents), BertPreTokenizer, special tokens [PAD] [UNK] [CLS] [SEP] [MASK] first (ids
                0..4), min_frequency 10 (tensorflow_text's MIN_PIECE_COUNT), all cores (rayon)
@@ -39,7 +41,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 SIZE = 30_522
-CONTENDERS = ("tf_text", "tokenizers")
+CONTENDERS = ("tf_text", "tokenizers", "threaded_count")
 PERTURB_ONE_IN = 8  # after the first repetition, one occurrence in 8 of a word of 4+ letters gets a suffix
 _SUFFIXES = ["s", "ed", "er", "ing", "ism", "ist", "ly", "ness", "ton", "ville", "berg", "ia", "an", "o", "x", "z"]
 
@@ -100,6 +102,26 @@ def run_tf_text(path: str, out_vocab: str) -> dict:
                 tokens=len(tokens))
 
 
+def run_threaded_count(path: str, out_vocab: str) -> dict:
+    """What `corpus prepare` does now: the vocabulary build's threaded word reader, then the same learner."""
+    import collections
+
+    from pmi_jax.formats import wordpiece_vocab
+    from preprocess import wordpiece
+    from preprocess.word_stream import count_words
+
+    workers = len(os.sched_getaffinity(0))
+    count_words([path], workers, batch_chars=1_000)  # warm up: tracing, not timed (counts discarded)
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    counts = collections.Counter(count_words([path], workers))
+    count_wall, count_cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    tokens = wordpiece.train_vocab(counts, SIZE)
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    wordpiece_vocab.write_vocab(out_vocab, tokens)
+    return dict(wall=wall, cpu=cpu, count_wall=count_wall, count_cpu=count_cpu, distinct_words=len(counts),
+                tokens=len(tokens))
+
+
 def run_tokenizers(path: str, out_vocab: str) -> dict:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -138,7 +160,7 @@ def coverage(vocab_txt: str, held_out: list[str]) -> dict:
 
 
 def child(args) -> None:
-    run = run_tf_text if args.child == "tf_text" else run_tokenizers
+    run = {"tf_text": run_tf_text, "tokenizers": run_tokenizers, "threaded_count": run_threaded_count}[args.child]
     result = run(args.corpus, args.vocab_out)
     result["peak_rss_mb"] = _peak_rss_mb()
     with open(args.vocab_out, "rb") as f:
@@ -164,6 +186,7 @@ def main() -> None:
     parser.add_argument("--words", type=float, nargs="+", default=[1e6, 2e6, 4e6, 8e6])
     parser.add_argument("--work-dir", default="/tmp/wordpiece_bench")
     parser.add_argument("--child", choices=CONTENDERS)
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--corpus")
     parser.add_argument("--vocab-out")
     args = parser.parse_args()
@@ -184,14 +207,20 @@ def main() -> None:
         corpus = os.path.join(args.work_dir, f"corpus_{words}.txt")
         info = write_corpus(train_docs, words, corpus)
         results = {}
-        for contender in CONTENDERS:
+        for contender in args.contenders:
             vocab_out = os.path.join(args.work_dir, f"{contender}_{words}.txt")
             r = results[contender] = _run_child(contender, corpus, vocab_out)
             r.update(coverage(vocab_out, held_out))
             counting = f"{r['count_cpu']:.1f}" if "count_cpu" in r else "(inside)"
-            print(f"| {info['words']:,} | {results['tf_text'].get('distinct_words', 0):,} | {contender} | "
+            distinct = next((v["distinct_words"] for v in results.values() if "distinct_words" in v), 0)
+            print(f"| {info['words']:,} | {distinct:,} | {contender} | "
                   f"{r['wall']:.1f} | {r['cpu']:.1f} | {counting} | {r['peak_rss_mb']:,.0f} | {r['tokens']:,} "
                   f"| {r['tokens_per_word']:.4f} | {r['unk_share']:.5f} |", flush=True)
+        if "tf_text" in results and "threaded_count" in results:
+            print(f"threaded count gives tf_text's vocab.txt: "
+                  f"{results['tf_text']['vocab_sha256'] == results['threaded_count']['vocab_sha256']}", flush=True)
+        if "tokenizers" not in results:
+            continue
         assert results["tokenizers"]["first_tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         if i == 0:
             again = _run_child("tokenizers", corpus, os.path.join(args.work_dir, f"tokenizers_{words}_again.txt"))
