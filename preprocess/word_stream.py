@@ -164,7 +164,8 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[bytes, int] = {}
     try:
-        for unique, inverse, lengths in ordered_map(run, iter_document_batches(files, batch_chars, text_field), workers):
+        batches = iter_document_batches(files, batch_chars, text_field)
+        for unique, inverse, lengths in ordered_map(run, batches, workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(w, len(vocab) + 1) for w in unique), np.int32,
                                           len(unique))

@@ -80,7 +80,7 @@ def _reference(path: pathlib.Path) -> Tokenizer:
     return tokenizer
 
 
-def _sequences(data_dir: pathlib.Path, unit_names=()) -> list[dict[str, np.ndarray]]:
+def _sequences(data_dir: pathlib.Path) -> list[dict[str, np.ndarray]]:
     paths = prepared_corpus.PreparedCorpus(str(data_dir)).files("train")
     return [prepared_corpus.decode_example(r) for r in tf.data.TFRecordDataset(paths).as_numpy_iterator()]
 
@@ -230,7 +230,8 @@ def test_beam_pipelines_take_the_tokenizer_too(corpus, tokenizers_, tmp_path):
     assert main(["vocab", "build", "--input", str(corpus["path"]), "--output", str(tmp_path / "beam_vocab"),
                  "--size", "200", "--min-count", "5", "--tokenizer", tokenizer, "--no-progress",
                  "--runner", "DirectRunner"]) == 0
-    assert (tmp_path / "beam_vocab" / "masking_vocab.tsv").read_bytes() == (local_vocab / "masking_vocab.tsv").read_bytes()
+    beam_rows = (tmp_path / "beam_vocab" / "masking_vocab.tsv").read_bytes()
+    assert beam_rows == (local_vocab / "masking_vocab.tsv").read_bytes()
     local = _prepare(corpus, tokenizer, tmp_path / "local", units=[("pmi", str(local_vocab))])
     assert main(["corpus", "prepare", "--input", str(corpus["path"]), "--output", str(tmp_path / "beam"),
                  "--tokenizer", tokenizer, "--units", f"pmi={local_vocab}", "--seq-len", "128",
