@@ -56,7 +56,7 @@ def _peak_rss_mb() -> float:
 
 
 def _split_demo(corpus_dir: str) -> tuple[list[str], list[str]]:
-    from preprocess.documents import expand_inputs, iter_documents
+    from preprocess.text.documents import expand_inputs, iter_documents
 
     docs = list(iter_documents(expand_inputs([corpus_dir])))
     return [d for i, d in enumerate(docs) if i % 10], [d for i, d in enumerate(docs) if not i % 10]
@@ -89,7 +89,8 @@ def write_corpus(train_docs: list[str], words: int, path: str) -> dict:
 
 def run_tf_text(path: str, out_vocab: str) -> dict:
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess import documents, wordpiece
+    from preprocess.corpus import wordpiece
+    from preprocess.text import documents
 
     wordpiece.count_words([["warm up the tokenizer"]])
     wall, cpu = time.perf_counter(), _cpu_seconds()
@@ -107,8 +108,8 @@ def run_threaded_count(path: str, out_vocab: str) -> dict:
     import collections
 
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess import wordpiece
-    from preprocess.word_stream import count_words
+    from preprocess.corpus import wordpiece
+    from preprocess.vocab.word_stream import count_words
 
     workers = len(os.sched_getaffinity(0))
     count_words([path], workers, batch_chars=1_000)  # warm up: tracing, not timed (counts discarded)
@@ -126,7 +127,7 @@ def run_tokenizers(path: str, out_vocab: str) -> dict:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess import documents
+    from preprocess.text import documents
 
     wall, cpu = time.perf_counter(), _cpu_seconds()
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -147,11 +148,11 @@ def coverage(vocab_txt: str, held_out: list[str]) -> dict:
     """Tokens per word and [UNK] share on the held-out documents, under one tokenizer for all vocabularies."""
     import numpy as np
 
-    from preprocess.wordpiece import WordPieceEncoder
+    from preprocess.corpus.wordpiece import WordPieceEncoder
 
     encoder = WordPieceEncoder(vocab_txt)
     tokens = encoder.encode_documents(held_out)
-    from preprocess.words import split_words
+    from preprocess.text.words import split_words
 
     words = sum(len(w) for w in split_words(held_out))
     flat = np.concatenate([np.asarray(t, np.int64) for t in tokens])

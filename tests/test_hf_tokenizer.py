@@ -1,4 +1,4 @@
-"""Your own tokenizer (preprocess/hf_tokenizer.py): `vocab build` and `corpus prepare --tokenizer`.
+"""Your own tokenizer (preprocess/text/hf_tokenizer.py): `vocab build` and `corpus prepare --tokenizer`.
 
 Tokenizers are trained here with `tokenizers` on real English (the demo corpus) plus documents
 with capitals, accents, CJK, runs of white space and literal special-token text: a cased
@@ -20,10 +20,11 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus
-from preprocess import build_vocab, hf_tokenizer
-from preprocess.build_vocab import VocabOptions
-from preprocess.demo_corpus import iter_demo_documents
-from preprocess.prepare import PrepareConfig, prepare
+from preprocess.text import hf_tokenizer
+from preprocess.vocab import build_vocab
+from preprocess.vocab.build_vocab import VocabOptions
+from preprocess.text.demo_corpus import iter_demo_documents
+from preprocess.corpus.prepare import PrepareConfig, prepare
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EXTRA = ["The United States Air Force and the united states air force.", "Naïve café in Zürich, ÉCOLE normale.",

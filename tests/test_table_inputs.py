@@ -20,10 +20,11 @@ import tensorflow as tf
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
-from preprocess import build_vocab, prepare
-from preprocess.build_vocab import VocabOptions
-from preprocess.demo_corpus import iter_demo_documents
-from preprocess.documents import expand_inputs, read_documents
+from preprocess.corpus import prepare
+from preprocess.vocab import build_vocab
+from preprocess.vocab.build_vocab import VocabOptions
+from preprocess.text.demo_corpus import iter_demo_documents
+from preprocess.text.documents import expand_inputs, read_documents
 
 ROWS = ["first document here", None, "", "  ", "second one", "third, with punctuation!"]
 

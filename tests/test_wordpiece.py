@@ -8,8 +8,8 @@ import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import wordpiece_vocab
-from preprocess import wordpiece
-from preprocess.words import split_words
+from preprocess.corpus import wordpiece
+from preprocess.text.words import split_words
 
 TRAINING_TEXT = [
     "The United States Air Force was founded in 1947; its headquarters are in the Pentagon.",
@@ -128,9 +128,9 @@ def test_threaded_word_counts_equal_the_tokenizers(tmp_path, workers):
     trained vocab.txt is unchanged."""
     import itertools
 
-    from preprocess.demo_corpus import iter_demo_documents
-    from preprocess.documents import iter_document_batches
-    from preprocess.word_stream import count_words
+    from preprocess.text.demo_corpus import iter_demo_documents
+    from preprocess.text.documents import iter_document_batches
+    from preprocess.vocab.word_stream import count_words
 
     docs = list(itertools.islice(iter_demo_documents(), 300)) + [
         "Ünïcödé Straße ΣΊΣΥΦΟΣ café 北京大学 e-mail: naïve—dash…", "ＦＵＬＬＷＩＤＴＨ ﬁ ligature \u200bzero\u00adwidth"] * 5

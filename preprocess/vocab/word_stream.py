@@ -1,7 +1,7 @@
 """The corpus as a stream of int32 word ids on local disk: the input of n-gram counting.
 
-`tokenise_corpus` splits documents into words (preprocess/words.py, as byte spans), names each
-word by its key (preprocess/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
+`tokenise_corpus` splits documents into words (preprocess/text/words.py, as byte spans), names each
+word by its key (preprocess/vocab/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
 after every document so that no n-gram crosses one. Word ids are given in order of first
 appearance, so they do not depend on the worker count. See docs/design.md, "Words and n-grams".
 """
@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.ordered_map import ordered_map
-from preprocess.progress import progress_bar
-from preprocess.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
+from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.progress import progress_bar
+from preprocess.vocab.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
 
 SEPARATOR = 0  # id written after every document; never a word
 
@@ -50,7 +50,7 @@ def _batch_word_ids(documents: list[str], tokenizer=None):
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
     import tensorflow as tf
 
-    from preprocess.words import split_words_spans
+    from preprocess.text.words import split_words_spans
 
     spans = split_words_spans(documents) if tokenizer is None else tokenizer.word_spans(documents)
     keys = word_keys(spans.buffer, spans.starts, spans.lengths)
@@ -73,7 +73,7 @@ def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: in
                     batch_chars: int = 1_000_000, text_field: str = "text", tokenizer=None) -> CorpusStream:
     """Split every document of `files` into words and write the id stream to `work_dir`.
 
-    Words are split by `split_words_spans` (or by `tokenizer`, a preprocess.hf_tokenizer.HFTokenizer)
+    Words are split by `split_words_spans` (or by `tokenizer`, a preprocess.text.hf_tokenizer.HFTokenizer)
     and named by `word_keys`; should two different long words ever share a key, the corpus is read
     again with words as strings throughout.
     """
@@ -122,7 +122,7 @@ class _StreamWriter:
 
 def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text",
                              tokenizer=None) -> CorpusStream:
-    from preprocess.documents import iter_document_batches
+    from preprocess.text.documents import iter_document_batches
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
@@ -153,8 +153,8 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
-    from preprocess.documents import iter_document_batches
-    from preprocess.words import split_words_flat
+    from preprocess.text.documents import iter_document_batches
+    from preprocess.text.words import split_words_flat
 
     def run(batch: list[str]):
         words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
@@ -178,7 +178,7 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
 
 def count_words(files: Sequence[str], workers: int, text_field: str = "text", progress: bool = False,
                 batch_chars: int = 1_000_000) -> dict[str, int]:
-    """{word: count} over the corpus, words as `preprocess.words` splits them, on `workers` threads.
+    """{word: count} over the corpus, words as `preprocess.text.words` splits them, on `workers` threads.
 
     The vocabulary build's reader without its id stream: memory grows with the distinct words,
     not with the corpus. Equal to `preprocess.wordpiece.count_words` over the same documents
