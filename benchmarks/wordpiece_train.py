@@ -16,7 +16,7 @@ Contenders, each in a child process of its own (peak RSS is its own, ru_maxrss):
   tf_text      what `corpus prepare` did before issue 23 without --wordpiece: preprocess.wordpiece.count_words
                (tensorflow_text's BasicTokenizer, one process) then preprocess.wordpiece.train_vocab
                (tensorflow_text's learner, binary search of the piece-count threshold)
-  threaded_count  what `corpus prepare` does since issue 23: preprocess.word_stream.count_words (the
+  threaded_count  what `corpus prepare` does since issue 23: preprocess.vocab.word_stream.count_words (the
                vocabulary build's reader, every core, the same counts) then the same train_vocab
   tokenizers   `tokenizers`' WordPieceTrainer from raw documents: BertNormalizer (lower-case, strip
                accents), BertPreTokenizer, special tokens [PAD] [UNK] [CLS] [SEP] [MASK] first (ids

@@ -1,4 +1,4 @@
-"""Parquet, Arrow and Hugging Face `save_to_disk` inputs, and --text-field (preprocess/documents.py).
+"""Parquet, Arrow and Hugging Face `save_to_disk` inputs, and --text-field (preprocess/text/documents.py).
 
 The save_to_disk directories are written here with pyarrow in the layout `datasets` writes
 (Arrow IPC stream files named data-0000i-of-0000n.arrow, state.json listing them,

@@ -1,7 +1,7 @@
 """Your own tokenizer (docs/tokenizers.md): a Hugging Face `tokenizer.json`, or a cased BERT vocab.txt.
 
 The default path (an uncased BERT vocab.txt, or one trained on the corpus) splits words with
-tensorflow_text (preprocess/words.py, preprocess/wordpiece.py). Any other tokenizer runs here,
+tensorflow_text (preprocess/text/words.py, preprocess/corpus/wordpiece.py). Any other tokenizer runs here,
 through the `tokenizers` library itself, so that the ids written are the ids it produces:
 
 * words are what the tokenizer's normalizer and pre-tokenizer make of a document, so masking

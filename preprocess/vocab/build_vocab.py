@@ -40,7 +40,7 @@ class VocabOptions:
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
     tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
-    text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/documents.py)
+    text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/text/documents.py)
     tokenizer: str | None = None  # words as this tokenizer.json (or cased vocab.txt) splits them (hf_tokenizer)
     cased: bool = False  # a --tokenizer vocab.txt is cased BERT
 
@@ -284,7 +284,7 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "elapsed_seconds": round(elapsed, 3),
         "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/text/documents.py)
     }
-    if tokenizer is not None:  # absent: BERT's uncased words (preprocess/words.py)
+    if tokenizer is not None:  # absent: BERT's uncased words (preprocess/text/words.py)
         stats["tokenizer"] = tokenizer_record(tokenizer)
     return stats
 
