@@ -1,17 +1,19 @@
 """`pmi-jax eval`: score a pretrained checkpoint.
 
-    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all
+    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all --unit token --unit word --unit pmi
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
 
-`perplexity` masks one held-out token at a time (no other corruption) and reports
-exp(mean negative log-likelihood); `finetune` runs one of the paper's protocols on one task
+`perplexity` masks one held-out token, whole word or masking unit at a time (`--unit`; no other
+corruption) and reports exp(mean negative log-likelihood) with a 95% interval, keeping every
+scored token's NLL; `finetune` runs one of the paper's protocols on one task
 (`sweep`: the grid, best dev epoch per run, median over seeds, best median; `checkpoint`: batch
 32, lr 3e-5, 4 epochs, last epoch, mean of the middle three of five seeds), written to
 results.json and results.md. With --steps, each checkpoint of the run gets its own result.
 
 Where results go inside the run directory (what `pmi-jax compare` reads):
-    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint
+    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint (--unit token)
+    RUN/eval/perplexity-<split>-<unit>-step<N>.json   the same for --unit word or NAME
     RUN/eval/<task>-<protocol>-step<N>/results.json   and results.md, test predictions beside
 (task names with "/" written with "-", e.g. glue-rte-checkpoint-step2000).
 """
@@ -52,25 +54,38 @@ def _add_checkpoint(p) -> None:
 
 def _add_perplexity(commands) -> None:
     p = commands.add_parser(
-        "perplexity", help="single-token perplexity on held-out sequences",
-        description="For each chosen non-special token of the held-out sequences, mask that token alone and score "
-                    "it; report exp(mean negative log-likelihood) and the number of tokens scored.")
+        "perplexity", help="perplexity on held-out sequences, one token, word or unit masked at a time",
+        description="For each chosen unit of the held-out sequences (a token, a whole word, or a masking unit of "
+                    "the corpus), mask that unit's tokens alone (nothing else corrupted) and score them; report "
+                    "exp(mean negative log-likelihood over the scored tokens) with a 95% bootstrap interval over "
+                    "the scored sequences. Every scored token's NLL is kept in the result, so that `pmi-jax "
+                    "compare` can pair runs token by token: the units are drawn from --seed and the sequence "
+                    "alone, so every run scored on the same corpus with the same --seed, --positions and --unit is "
+                    "scored on the same tokens. One unit per masked copy: the scored units of a sequence never "
+                    "overlap and never hide each other's context (docs/experiments.md, \"Unit perplexity\").")
     _add_checkpoint(p)
     p.add_argument("--data", default=None,
                    help="prepared corpus directory (default: the one the checkpoint was trained on); its vocab.txt "
                         "must be the checkpoint's")
     p.add_argument("--split", default="validation", help="which split's TFRecords to score (default: validation)")
+    p.add_argument("--unit", action="append", default=None, metavar="{token,word,NAME}",
+                   help="what is masked at once (repeatable, one result file each; default: token): token = one "
+                        "token (the paper's single-token perplexity); word = every WordPiece of one whole word; "
+                        "NAME = every token of one unit of the corpus's unit set NAME (`corpus prepare --units "
+                        "NAME=...`, e.g. pmi)")
     p.add_argument("--positions", default="all",
-                   help="'all' scores every non-special token; a number N scores a random sample of N tokens per "
-                        "sequence (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the position sample (default: 0)")
-    p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
+                   help="'all' scores every unit of every sequence; a number N scores a random sample of N units "
+                        "per sequence, drawn from --seed and the sequence's index (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the unit sample (default: 0)")
+    p.add_argument("--max-sequences", type=int, default=None,
+                   help="score only the first N sequences of the split (default: all of them)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
     _add_steps(p)
     p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
-                   "only; written whole under a temporary name, then renamed); the result is always written to "
-                   "RUN/eval/perplexity-<split>-step<N>.json")
+                   "and one --unit only; written whole under a temporary name, then renamed); the result is always "
+                   "written to RUN/eval/perplexity-<split>-step<N>.json (token) or "
+                   "RUN/eval/perplexity-<split>-<unit>-step<N>.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.set_defaults(func=run_perplexity)
 
@@ -203,11 +218,12 @@ def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
-    from pmi_jax import checkpoints, storage
+    from pmi_jax import storage
     from pmi_jax.eval import perplexity
-    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.formats import perplexity_result
 
     positions = None if args.positions == "all" else _parse_positions(args.positions)
+    units = list(dict.fromkeys(args.unit or [perplexity.TOKEN]))
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
     _absolute_paths(args)
@@ -215,33 +231,27 @@ def run_perplexity(args: argparse.Namespace) -> int:
         storage.check_new_output(args.output, args.overwrite)
     quiet.quiet_checkpoint_reads()
     paths = _checkpoints(args.checkpoint, args.steps)
-    if args.output and len(paths) > 1:
-        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
+    if args.output and (len(paths) > 1 or len(units) > 1):
+        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step) "
+                             "and one --unit")
     for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
-        data_dir = args.data or metadata.get("data_dir")
-        if not data_dir:
-            raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
-        corpus = perplexity.open_corpus_for(data_dir, config, metadata.get("vocab_sha256"), path)
-        seq_len, special = corpus.seq_len, corpus.special_ids
-        result = perplexity.single_token_perplexity(
-            BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, args.split, args.max_sequences),
-            seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
-            positions=positions, seed=args.seed, batch_size=args.batch_size)
-        report = {"checkpoint": path, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-                  "data": data_dir, "split": args.split, "positions": args.positions, "seed": args.seed,
-                  "max_sequences": args.max_sequences, "perplexity": result.perplexity, "mean_nll": result.mean_nll,
-                  "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
-        text = json.dumps(report, indent=2) + "\n"
-        eval_dir = storage.join(_run_dir(path), "eval")
-        storage.gfile.makedirs(eval_dir)
-        for target in [storage.join(eval_dir, f"perplexity-{args.split}-step{metadata.get('step')}.json"),
-                       *([args.output] if args.output else [])]:
-            with storage.atomic_file(target) as f:
-                f.write(text)
-        print(f"single-token perplexity {result.perplexity:.3f} (mean NLL {result.mean_nll:.4f} nats) over "
-              f"{result.num_tokens} tokens of {result.num_sequences} {args.split} sequences, checkpoint step "
-              f"{metadata.get('step')}, scheme {metadata.get('scheme')}")
+        for unit in units:
+            report = perplexity.evaluate_checkpoint(
+                path, data_dir=args.data, split=args.split, unit=unit, positions=positions, seed=args.seed,
+                max_sequences=args.max_sequences, batch_size=args.batch_size)
+            eval_dir = storage.join(_run_dir(path), "eval")
+            storage.gfile.makedirs(eval_dir)
+            name = perplexity_result.file_name(args.split, unit, report["step"])
+            for target in [storage.join(eval_dir, name), *([args.output] if args.output else [])]:
+                perplexity_result.write(target, report)
+            low, high = report["interval"]["perplexity"]
+            multi = report.get("multi_token")
+            extra = (f"; units of 2+ tokens: {multi['perplexity']:.3f} over {multi['num_tokens']} tokens"
+                     if multi else "")
+            print(f"{unit} perplexity {report['perplexity']:.3f} [95% {low:.3f}, {high:.3f} over the scored "
+                  f"sequences] (mean NLL {report['mean_nll']:.4f} nats) over {report['num_tokens']} tokens in "
+                  f"{report['num_units']} units of {report['num_sequences']} {args.split} sequences{extra}; "
+                  f"checkpoint step {report['step']}, scheme {report['scheme']}")
     return 0
 
 

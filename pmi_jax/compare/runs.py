@@ -4,7 +4,7 @@ Nothing here computes: every number was written by an earlier command into the r
 (docs/experiments.md, "Where results live"):
     RUN/checkpoints/<step>/                      `pmi-jax train`: the run's config in each checkpoint's metadata
     RUN/tensorboard/metrics.jsonl                `pmi-jax train`: loss, accuracy, ... per logged step
-    RUN/eval/perplexity-<split>-step<N>.json     `pmi-jax eval perplexity`
+    RUN/eval/perplexity-<split>[-<unit>]-step<N>.json   `pmi-jax eval perplexity` (pmi_jax/formats/perplexity_result.py)
     RUN/eval/<task>-<protocol>-step<N>/results.json   `pmi-jax eval finetune`
 """
 from __future__ import annotations
@@ -15,16 +15,17 @@ import os
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats import perplexity_result
 
 METRICS_FILE = ("tensorboard", "metrics.jsonl")  # pmi_jax.train.TENSORBOARD_DIR, MetricWriter's file
 EVAL_DIR = "eval"
-PERPLEXITY_PREFIX = "perplexity-"
 
 # Training settings that must agree for two runs to be compared: everything that shapes what
-# is learned except the masking scheme (model, corpus, batch, steps, schedule, seeds).
+# is learned except the masking scheme and the training seed (model, corpus, batch, steps,
+# schedule, data seed). Runs of one scheme with different train.seed are that scheme's seeds.
 COMPARED_SECTIONS = ("model", "optimizer")
 COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"), ("data", "seed"),
-                   ("train", "batch_size"), ("train", "num_steps"), ("train", "seed"))
+                   ("train", "batch_size"), ("train", "num_steps"))
 
 
 @dataclasses.dataclass
@@ -35,8 +36,12 @@ class Run:
     config: dict  # the ExperimentConfig as saved with the run's latest checkpoint
     last_step: int
     training: dict[int, dict]  # step -> scalars logged at that step (the last write wins)
-    perplexity: dict[str, dict[int, dict]]  # split -> step -> `eval perplexity` result
+    perplexity: dict[tuple[str, str], dict[int, dict]]  # (split, unit) -> step -> `eval perplexity` result
     finetune: dict[tuple[str, str], dict[int, dict]]  # (task, protocol) -> step -> `eval finetune` result
+
+    @property
+    def train_seed(self):
+        return self.config.get("train", {}).get("seed")
 
     def settings(self) -> dict[str, object]:
         """The compared settings, flattened to dotted names."""
@@ -103,11 +108,9 @@ def read_run(path: str) -> Run:
         return run
     for name in sorted(n.rstrip("/") for n in storage.gfile.listdir(eval_dir)):
         entry = storage.join(eval_dir, name)
-        if name.startswith(PERPLEXITY_PREFIX) and name.endswith(".json"):
-            result = _read_json(entry)
-            if "perplexity" not in result or "step" not in result:
-                raise UserInputError(f"{entry}: not an `eval perplexity` result (no perplexity or step)")
-            run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
+        if name.startswith(perplexity_result.PREFIX) and name.endswith(".json"):
+            result = perplexity_result.read(entry)
+            run.perplexity.setdefault((result["split"], result["unit"]), {})[int(result["step"])] = result
         elif storage.gfile.exists(storage.join(entry, "results.json")):
             result = _read_json(storage.join(entry, "results.json"))
             try:
@@ -130,8 +133,8 @@ def mismatches(runs: list[Run]) -> list[str]:
             if reference.get(key) != settings.get(key):
                 lines.append(f"{run.name} ({run.scheme}): {key} = {settings.get(key)!r}, but "
                              f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
-    schemes = [r.scheme for r in runs]
-    for scheme in sorted({s for s in schemes if schemes.count(s) > 1}):
-        lines.append(f"scheme {scheme} appears in {schemes.count(scheme)} runs: "
-                     + ", ".join(r.name for r in runs if r.scheme == scheme))
+    pairs = [(r.scheme, r.train_seed) for r in runs]
+    for scheme, seed in sorted({p for p in pairs if pairs.count(p) > 1}, key=str):
+        lines.append(f"scheme {scheme} with train.seed {seed} appears in {pairs.count((scheme, seed))} runs: "
+                     + ", ".join(r.name for r in runs if (r.scheme, r.train_seed) == (scheme, seed)))
     return lines
