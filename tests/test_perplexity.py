@@ -181,3 +181,37 @@ def test_unknown_unit_is_an_input_error(corpus):
 
     with pytest.raises(perplexity.UserInputError, match="--unit nope: .* no unit set 'nope' .*token, word, frequency"):
         perplexity.check_unit("nope", prepared_corpus.PreparedCorpus(corpus))
+
+
+@pytest.mark.parametrize("unit, feature", [("token", None), ("pmi", "units_pmi")])
+def test_spacing_masks_every_kth_unit_together_and_scores_each_unit_once(corpus, model, unit, feature):
+    bert, params = model
+    forward = jax.jit(lambda ids_1xL: bert.apply({"params": params}, ids_1xL, (ids_1xL != 0).astype(np.int32),
+                                                 deterministic=True))
+    sequences = prepared_data.read_prepared_split(corpus, "validation")[:2]
+    items = [s["input_ids"] if feature is None else (s["input_ids"], s[feature]) for s in sequences]
+    spaced = perplexity.unit_perplexity(bert, params, items, seq_len=32, special_ids=SPECIAL,
+                                        mask_id=prepared_data.MASK, pad_id=prepared_data.PAD, spacing=4, batch_size=3)
+    exact = perplexity.unit_perplexity(bert, params, items, seq_len=32, special_ids=SPECIAL,
+                                       mask_id=prepared_data.MASK, pad_id=prepared_data.PAD, batch_size=3)
+    for name in ("sequence_N", "position_N", "unit_N"):  # the same tokens, in the same order
+        np.testing.assert_array_equal(getattr(spaced.scores, name), getattr(exact.scores, name))
+    assert spaced.num_units == exact.num_units and spaced.scores.digest(4) != exact.scores.digest()
+    # the oracle: copy g of a sequence masks units g, g+4, g+8, ... together
+    expected = {}
+    for index, s in enumerate(sequences):
+        ids_T = s["input_ids"]
+        content = np.nonzero(~np.isin(ids_T, SPECIAL))[0]
+        units = ([np.array([p]) for p in content] if feature is None else
+                 [np.nonzero(s[feature] == u)[0] for u in dict.fromkeys(s[feature][content].tolist())])
+        for g in range(4):
+            masked = np.concatenate(units[g::4])
+            ids_1xL = np.zeros([1, 32], np.int32)
+            ids_1xL[0, :len(ids_T)] = ids_T
+            ids_1xL[0, masked] = prepared_data.MASK
+            log_probs = jax.nn.log_softmax(forward(ids_1xL)[0], axis=-1)
+            expected.update({(index, int(p)): -float(log_probs[p, ids_T[p]]) for p in masked})
+    got = {(int(i), int(p)): v for i, p, v in zip(spaced.scores.sequence_N, spaced.scores.position_N,
+                                                   spaced.scores.nll_N)}
+    assert got.keys() == expected.keys()
+    np.testing.assert_allclose([got[k] for k in expected], list(expected.values()), rtol=1e-4, atol=1e-5)

@@ -41,7 +41,7 @@ def test_a_briefly_trained_model_beats_an_untrained_one_on_its_unit(corpus, tmp_
     capsys.readouterr()
     assert main(["eval", "perplexity", "--checkpoint", workdir, "--unit", unit, "--positions", "6"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(f"{unit} perplexity ") and "units of 2+ tokens" in printed
+    assert printed.startswith(f"{unit}-unit perplexity ") and "units of 2+ tokens" in printed
     path = os.path.join(workdir, "eval", f"perplexity-validation-{unit}-step120.json")
     with open(path) as f:
         raw = json.load(f)

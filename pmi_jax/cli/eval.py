@@ -77,6 +77,11 @@ def _add_perplexity(commands) -> None:
                    help="'all' scores every unit of every sequence; a number N scores a random sample of N units "
                         "per sequence, drawn from --seed and the sequence's index (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the unit sample (default: 0)")
+    p.add_argument("--spacing", type=int, default=0, metavar="K",
+                   help="0 (default): each masked copy masks one unit, the exact measure. K > 0: each copy masks "
+                        "every K-th chosen unit of the sequence at once (K-1 chosen units between masked ones), "
+                        "K-fold fewer forward passes for large scored sets; every unit is still scored once, but "
+                        "about 1/K of the context is masked too, so compare only runs scored with the same K")
     p.add_argument("--max-sequences", type=int, default=None,
                    help="score only the first N sequences of the split (default: all of them)")
     p.add_argument("--batch-size", type=int, default=64,
@@ -226,6 +231,8 @@ def run_perplexity(args: argparse.Namespace) -> int:
     units = list(dict.fromkeys(args.unit or [perplexity.TOKEN]))
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
+    if args.spacing < 0:
+        raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
         storage.check_new_output(args.output, args.overwrite)
@@ -238,7 +245,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         for unit in units:
             report = perplexity.evaluate_checkpoint(
                 path, data_dir=args.data, split=args.split, unit=unit, positions=positions, seed=args.seed,
-                max_sequences=args.max_sequences, batch_size=args.batch_size)
+                max_sequences=args.max_sequences, batch_size=args.batch_size, spacing=args.spacing)
             eval_dir = storage.join(_run_dir(path), "eval")
             storage.gfile.makedirs(eval_dir)
             name = perplexity_result.file_name(args.split, unit, report["step"])
@@ -248,7 +255,8 @@ def run_perplexity(args: argparse.Namespace) -> int:
             multi = report.get("multi_token")
             extra = (f"; units of 2+ tokens: {multi['perplexity']:.3f} over {multi['num_tokens']} tokens"
                      if multi else "")
-            print(f"{unit} perplexity {report['perplexity']:.3f} [95% {low:.3f}, {high:.3f} over the scored "
+            what = "single-token" if unit == perplexity.TOKEN else f"{unit}-unit"
+            print(f"{what} perplexity {report['perplexity']:.3f} [95% {low:.3f}, {high:.3f} over the scored "
                   f"sequences] (mean NLL {report['mean_nll']:.4f} nats) over {report['num_tokens']} tokens in "
                   f"{report['num_units']} units of {report['num_sequences']} {args.split} sequences{extra}; "
                   f"checkpoint step {report['step']}, scheme {report['scheme']}")

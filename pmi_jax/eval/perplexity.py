@@ -10,6 +10,12 @@ scored token. One unit per masked copy means the scored units of a sequence neve
 never hide each other's context; units partition a sequence, so this is the single-token
 measure with "token" widened to "unit" (our own analysis, docs/experiments.md).
 
+`spacing` K > 0 is a cheaper variant for large scored sets: each copy masks every K-th chosen
+unit of a sequence at once instead of one (K-fold fewer forward passes; the masked units of a
+copy have K-1 chosen units between them, and every chosen unit is still scored exactly once).
+It is another measure (about 1/K of the context is masked too), so runs are paired only when
+scored with the same spacing.
+
 Units are every unit of the split (`positions=None`) or a seeded sample of `positions` of them
 per sequence, drawn from (seed, sequence index) alone, so that every model scored on the same
 corpus with the same seed is scored on the same tokens, whatever the batching. Each scored
@@ -43,10 +49,10 @@ class ScoredTokens:
     unit_N: np.ndarray  # int: the unit's id within the sequence (the position itself for `token`)
     nll_N: np.ndarray  # float64: negative log-likelihood of the original token, nats
 
-    def digest(self) -> str:
-        """A fingerprint of which tokens were scored (not of their scores): equal for every run
-        scored on the same corpus, split, unit kind and seed."""
-        h = hashlib.sha256()
+    def digest(self, spacing: int = 0) -> str:
+        """A fingerprint of which tokens were scored, and how (not of their scores): equal for every
+        run scored on the same corpus, split, unit kind, seed and spacing."""
+        h = hashlib.sha256(f"spacing={spacing};".encode() if spacing else b"")
         for a in (self.sequence_N, self.position_N, self.unit_N):
             h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
         return h.hexdigest()
@@ -129,9 +135,17 @@ def _units_of(ids_T: np.ndarray, units_T: np.ndarray | None, special: np.ndarray
     return [positions[units_T[positions] == ids[i]] for i in np.argsort(first)]
 
 
+def _groups(units: list[np.ndarray], spacing: int) -> list[list[np.ndarray]]:
+    """The units masked together in one copy: each alone (spacing 0), or every `spacing`-th unit."""
+    if not spacing:
+        return [[u] for u in units]
+    return [units[g::spacing] for g in range(min(spacing, len(units)))]
+
+
 def _masked_copies(sequences: Iterable, *, seq_len: int, special_ids, mask_id: int, pad_id: int,
-                   positions: int | None, seed: int) -> Iterator[tuple[int, np.ndarray, list[np.ndarray], np.ndarray]]:
-    """Per sequence: (index, ids [k, seq_len] each with one unit masked, the k units' positions, targets [seq_len]).
+                   positions: int | None, seed: int, spacing: int = 0
+                   ) -> Iterator[tuple[int, np.ndarray, list[list[np.ndarray]], np.ndarray]]:
+    """Per sequence: (index, ids [k, seq_len], the units masked in each of the k copies, original ids [T]).
 
     `sequences` yields input_ids (token units) or (input_ids, unit ids) pairs.
     """
@@ -146,11 +160,12 @@ def _masked_copies(sequences: Iterable, *, seq_len: int, special_ids, mask_id: i
             units = [units[i] for i in np.sort(rng.choice(len(units), size=positions, replace=False))]
         if not units:
             continue
-        ids_KxL = np.full([len(units), seq_len], pad_id, np.int32)
+        groups = _groups(units, spacing)
+        ids_KxL = np.full([len(groups), seq_len], pad_id, np.int32)
         ids_KxL[:, :len(ids_T)] = ids_T
-        for k, unit in enumerate(units):
-            ids_KxL[k, unit] = mask_id
-        yield index, ids_KxL, units, ids_T
+        for k, group in enumerate(groups):
+            ids_KxL[k, np.concatenate(group)] = mask_id
+        yield index, ids_KxL, groups, ids_T
 
 
 def _width(n: int) -> int:
@@ -161,12 +176,15 @@ def _width(n: int) -> int:
 def _batches(copies, batch_size: int, pad_id: int):
     """Fixed-size batches of masked rows: (ids [B, L], positions [B, P], targets [B, P], weights [B, P], rows).
 
-    `rows` names each real row as (sequence index, unit positions); padding rows and padding
-    slots have weight 0.
+    `rows` names each real row as (sequence index, masked positions, unit of each, units masked);
+    padding rows and padding slots have weight 0.
     """
-    pending = []  # (sequence index, ids_L, unit positions, targets)
-    for index, ids_KxL, units, ids_T in copies:
-        pending.extend((index, ids_KxL[k], unit, ids_T[unit]) for k, unit in enumerate(units))
+    pending = []  # (sequence index, ids_L, masked positions, targets, unit (first position) of each)
+    for index, ids_KxL, groups, ids_T in copies:
+        for k, group in enumerate(groups):
+            masked = np.concatenate(group)
+            unit_of = np.concatenate([np.full(len(u), u[0]) for u in group])
+            pending.append((index, ids_KxL[k], masked, ids_T[masked], unit_of, len(group)))
         while len(pending) >= batch_size:
             yield _stack(pending[:batch_size], batch_size, pad_id)
             pending = pending[batch_size:]
@@ -181,12 +199,12 @@ def _stack(rows, batch_size: int, pad_id: int):
     positions_BxP = np.zeros([batch_size, width], np.int32)
     targets_BxP = np.zeros([batch_size, width], np.int32)
     weights_BxP = np.zeros([batch_size, width], np.float32)
-    for b, (_, ids_L, unit, targets) in enumerate(rows):
+    for b, (_, ids_L, masked, targets, _, _) in enumerate(rows):
         ids_BxL[b] = ids_L
-        positions_BxP[b, :len(unit)] = unit
-        targets_BxP[b, :len(unit)] = targets
-        weights_BxP[b, :len(unit)] = 1.0
-    return ids_BxL, positions_BxP, targets_BxP, weights_BxP, [(r[0], r[2]) for r in rows]
+        positions_BxP[b, :len(masked)] = masked
+        targets_BxP[b, :len(masked)] = targets
+        weights_BxP[b, :len(masked)] = 1.0
+    return ids_BxL, positions_BxP, targets_BxP, weights_BxP, [(r[0], r[2], r[4], r[5]) for r in rows]
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -201,10 +219,13 @@ def masked_nll(model: BertForMaskedLM, params, input_ids_BxL, positions_BxP, tar
 
 def unit_perplexity(model: BertForMaskedLM, params, sequences: Iterable, *, seq_len: int, special_ids,
                     mask_id: int, pad_id: int, positions: int | None = None, seed: int = 0,
-                    batch_size: int = 64) -> PerplexityResult:
+                    batch_size: int = 64, spacing: int = 0) -> PerplexityResult:
     """exp(mean NLL) of the tokens of each chosen unit when that unit alone is masked.
 
     `sequences` yields input_ids (each non-special token a unit) or (input_ids, unit ids) pairs.
+    `spacing` K > 0 trades exactness for K-fold fewer forward passes: each copy masks every K-th
+    chosen unit of the sequence at once (so masked units have at least K-1 chosen units between
+    them), and every chosen unit is still scored exactly once.
     """
     num_sequences = 0
 
@@ -215,20 +236,22 @@ def unit_perplexity(model: BertForMaskedLM, params, sequences: Iterable, *, seq_
             yield item
 
     copies = _masked_copies(counted(), seq_len=seq_len, special_ids=special_ids, mask_id=mask_id, pad_id=pad_id,
-                            positions=positions, seed=seed)
+                            positions=positions, seed=seed, spacing=spacing)
     columns = {"sequence": [], "position": [], "unit": [], "nll": []}
     num_units = 0
     for ids_BxL, positions_BxP, targets_BxP, weights_BxP, rows in _batches(copies, batch_size, pad_id):
         nll_BxP = np.asarray(masked_nll(model, params, ids_BxL, positions_BxP, targets_BxP, pad_id), np.float64)
-        for b, (index, unit) in enumerate(rows):
-            columns["sequence"].append(np.full(len(unit), index))
-            columns["position"].append(unit)
-            columns["unit"].append(np.full(len(unit), unit[0]))  # a unit is named by its first position
-            columns["nll"].append(nll_BxP[b, :len(unit)])
-        num_units += len(rows)
+        for b, (index, masked, unit_of, count) in enumerate(rows):
+            columns["sequence"].append(np.full(len(masked), index))
+            columns["position"].append(masked)
+            columns["unit"].append(unit_of)  # a unit is named by its first position
+            columns["nll"].append(nll_BxP[b, :len(masked)])
+            num_units += count
     if not num_units:
         raise UserInputError("no non-special tokens to score")
     scores = ScoredTokens(*(np.concatenate(columns[k]) for k in ("sequence", "position", "unit", "nll")))
+    order_N = np.lexsort((scores.position_N, scores.sequence_N))  # spacing groups units out of order
+    scores = ScoredTokens(*(a[order_N] for a in (scores.sequence_N, scores.position_N, scores.unit_N, scores.nll_N)))
     mean_nll = float(np.mean(scores.nll_N))
     return PerplexityResult(math.exp(mean_nll), mean_nll, len(scores.nll_N), num_units, num_sequences, scores)
 
@@ -248,7 +271,7 @@ def multi_token_subset(scores: ScoredTokens) -> np.ndarray:
 
 
 def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: str, positions: int | None,
-                        seed: int, max_sequences: int | None, batch_size: int) -> dict:
+                        seed: int, max_sequences: int | None, batch_size: int, spacing: int = 0) -> dict:
     """Score one checkpoint with one unit kind: the `eval perplexity` result, as
     `pmi_jax.formats.perplexity_result` writes it (per-token scores and a 95% interval over the
     scored sequences included)."""
@@ -265,7 +288,7 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
     result = unit_perplexity(
         BertForMaskedLM(config), params, read_sequences(data_dir, split, max_sequences, unit=unit),
         seq_len=corpus.seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
-        positions=positions, seed=seed, batch_size=batch_size)
+        positions=positions, seed=seed, batch_size=batch_size, spacing=spacing)
     s = result.scores
     _, sums_S, counts_S = intervals.per_sequence(s.sequence_N, s.nll_N)
     interval = intervals.mean_interval(sums_S, counts_S)
@@ -273,6 +296,7 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
               "train_seed": (metadata.get("config") or {}).get("train", {}).get("seed"),
               "data": data_dir, "split": split, "unit": unit,
               "positions": "all" if positions is None else positions, "seed": seed, "max_sequences": max_sequences,
+              "spacing": spacing,
               "perplexity": result.perplexity, "mean_nll": result.mean_nll,
               "interval": {"confidence": intervals.CONFIDENCE, "over": "scored sequences (bootstrap)",
                            "mean_nll": [interval.low, interval.high],
@@ -285,6 +309,6 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
             report["multi_token"] = {"mean_nll": float(np.mean(s.nll_N[multi_N])),
                                      "perplexity": math.exp(float(np.mean(s.nll_N[multi_N]))),
                                      "num_tokens": int(multi_N.sum())}
-    report["scored_set"] = s.digest()
+    report["scored_set"] = s.digest(spacing)
     report["scores"] = perplexity_result.encode_scores(s.sequence_N, s.position_N, s.unit_N, s.nll_N)
     return report
