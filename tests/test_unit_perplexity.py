@@ -51,6 +51,15 @@ def test_a_briefly_trained_model_beats_an_untrained_one_on_its_unit(corpus, tmp_
     assert raw["num_tokens"] > raw["num_units"]
     assert raw["interval"]["perplexity"][0] < raw["perplexity"] < raw["interval"]["perplexity"][1]
 
+    # --skip-existing finishes an interrupted evaluation: the same settings are skipped, others scored
+    again = ["eval", "perplexity", "--checkpoint", workdir, "--steps", "all", "--unit", unit, "--positions", "6",
+             "--skip-existing"]
+    assert main(again) == 0 and "already scored with these settings; skipped" in capsys.readouterr().out
+    assert main(again[:-1] + ["--seed", "1", "--skip-existing"]) == 0
+    assert "skipped" not in capsys.readouterr().out
+    assert main(again[:-1] + ["--skip-existing"]) == 0  # seed 1 replaced the seed-0 file: scored again
+    assert "skipped" not in capsys.readouterr().out
+
     # The same model untrained, scored on the same units (the same seed, so the same tokens).
     config, _, _ = checkpoints.restore_for_eval(workdir)
     data = prepared_corpus.PreparedCorpus(corpus)

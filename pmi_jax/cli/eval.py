@@ -92,6 +92,10 @@ def _add_perplexity(commands) -> None:
                    "written to RUN/eval/perplexity-<split>-step<N>.json (token) or "
                    "RUN/eval/perplexity-<split>-<unit>-step<N>.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="skip a checkpoint and unit whose RUN/eval result exists and was scored with the same "
+                        "split, unit, seed, positions, spacing and max-sequences (to finish an interrupted "
+                        "evaluation); without it, results in RUN/eval are rewritten")
     p.set_defaults(func=run_perplexity)
 
 
@@ -222,6 +226,27 @@ def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
     return [storage.join(folder, str(n)) for n in sorted(set(chosen))]
 
 
+def _existing_perplexity(path: str, split: str, unit: str, wanted: dict) -> str | None:
+    """The RUN/eval result of this checkpoint and unit, if one exists with per-token scores and the
+    `wanted` settings (a checkpoint directory's name is its step)."""
+    from pmi_jax import storage
+    from pmi_jax.formats import perplexity_result
+
+    step = path.rstrip("/").rsplit("/", 1)[-1]
+    if not step.isdigit():
+        return None  # a run directory: its latest step is known only after restoring
+    target = storage.join(_run_dir(path), "eval", perplexity_result.file_name(split, unit, int(step)))
+    if not storage.gfile.exists(target):
+        return None
+    try:
+        found = perplexity_result.read(target)
+    except UserInputError:
+        return None
+    found.setdefault("spacing", 0)
+    same = all(found.get(k) == v for k, v in wanted.items()) and found.get("scores") is not None
+    return target if same else None
+
+
 def run_perplexity(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from pmi_jax.eval import perplexity
@@ -241,8 +266,15 @@ def run_perplexity(args: argparse.Namespace) -> int:
     if args.output and (len(paths) > 1 or len(units) > 1):
         raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step) "
                              "and one --unit")
+    wanted = {"split": args.split, "seed": args.seed, "positions": args.positions if positions is None else positions,
+              "spacing": args.spacing, "max_sequences": args.max_sequences}
     for path in paths:
         for unit in units:
+            if args.skip_existing:
+                done = _existing_perplexity(path, args.split, unit, {**wanted, "unit": unit})
+                if done:
+                    print(f"{done}: already scored with these settings; skipped")
+                    continue
             report = perplexity.evaluate_checkpoint(
                 path, data_dir=args.data, split=args.split, unit=unit, positions=positions, seed=args.seed,
                 max_sequences=args.max_sequences, batch_size=args.batch_size, spacing=args.spacing)

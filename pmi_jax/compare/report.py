@@ -124,7 +124,8 @@ def _seed_line(runs: list[Run]) -> str:
         return (f"Training seeds per scheme: {text}. With one training seed per scheme, every interval below "
                 "covers the scored text only, not the training seed: it cannot show that a gap comes from the "
                 "scheme rather than from the seed, so no perplexity winner is marked.")
-    return (f"Training seeds per scheme: {text}. Runs of one scheme with different train.seed are grouped; "
+    return (f"Training seeds per scheme: {text}. Runs of one scheme with different seeds (train.seed, and "
+            "data.seed where shown as train/data) are grouped; "
             "difference intervals account for the seed-to-seed spread (docs/experiments.md, \"Intervals\").")
 
 
@@ -138,8 +139,8 @@ def markdown(runs: list[Run], tables: list, plots: list[str]) -> str:
                   "Differences below can explain a gap as well as the scheme can; compare with care.", ""]
         lines += [f"- {line}" for line in flagged] + [""]
     else:
-        lines += ["The runs differ only in their masking scheme and training seed (model, corpus, batch, steps, "
-                  "schedule and data seed agree).", ""]
+        lines += ["The runs differ only in their masking scheme and seeds (model, corpus, batch, steps and "
+                  "schedule agree).", ""]
     lines += ["## Results", ""]
     if tables:
         for table in tables:

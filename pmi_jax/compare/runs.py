@@ -21,10 +21,11 @@ METRICS_FILE = ("tensorboard", "metrics.jsonl")  # pmi_jax.train.TENSORBOARD_DIR
 EVAL_DIR = "eval"
 
 # Training settings that must agree for two runs to be compared: everything that shapes what
-# is learned except the masking scheme and the training seed (model, corpus, batch, steps,
-# schedule, data seed). Runs of one scheme with different train.seed are that scheme's seeds.
+# is learned except the masking scheme and the run's seeds (model, corpus, batch, steps,
+# schedule). Runs of one scheme that differ in train.seed (parameters, dropout) or data.seed
+# (masks, reading order) are that scheme's seeds.
 COMPARED_SECTIONS = ("model", "optimizer")
-COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"), ("data", "seed"),
+COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"),
                    ("train", "batch_size"), ("train", "num_steps"))
 
 
@@ -41,7 +42,9 @@ class Run:
 
     @property
     def train_seed(self):
-        return self.config.get("train", {}).get("seed")
+        """The run's seed as reports name it: train.seed, with data.seed where they differ."""
+        train, data = self.config.get("train", {}).get("seed"), self.config.get("data", {}).get("seed")
+        return train if data in (None, train) else f"{train}/{data}"
 
     def settings(self) -> dict[str, object]:
         """The compared settings, flattened to dotted names."""
@@ -135,6 +138,6 @@ def mismatches(runs: list[Run]) -> list[str]:
                              f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
     pairs = [(r.scheme, r.train_seed) for r in runs]
     for scheme, seed in sorted({p for p in pairs if pairs.count(p) > 1}, key=str):
-        lines.append(f"scheme {scheme} with train.seed {seed} appears in {pairs.count((scheme, seed))} runs: "
+        lines.append(f"scheme {scheme} with seed {seed} appears in {pairs.count((scheme, seed))} runs: "
                      + ", ".join(r.name for r in runs if (r.scheme, r.train_seed) == (scheme, seed)))
     return lines
