@@ -10,8 +10,8 @@ Two sources of uncertainty stand between a measured gap and "scheme A beats sche
     range, and would call "every seed of A beats every seed of B" significant, which happens
     by chance one time in three with no scheme effect). So the seed part is a t interval: the
     within-scheme variance of the per-seed means, pooled over every scheme with two or more
-    seeds (df = sum of seeds - 1), added to the text bootstrap's variance, and the t quantile
-    at the pooled df (docs/experiments.md, "Intervals").
+    seeds (df = sum of seeds - 1), added to the text bootstrap's variance, with the t quantile
+    at the Welch-Satterthwaite degrees of freedom of that sum (docs/experiments.md, "Intervals").
 Everything is deterministic: the bootstrap's generator is seeded.
 """
 from __future__ import annotations
@@ -111,12 +111,15 @@ def compare_schemes(sums: dict[str, np.ndarray], counts_S: np.ndarray, *, sample
         boot[scheme] = (weights_BxS @ sums_RxS.T / tokens_B[:, None]).mean(axis=1)  # [B] seed-averaged
     seed_df = sum(len(m) - 1 for m in means.values())
     seed_var = (sum(float(np.sum((m - m.mean()) ** 2)) for m in means.values()) / seed_df) if seed_df else None
-    quantile = stats.t.ppf((1 + CONFIDENCE) / 2, seed_df) if seed_df else None
 
     def interval(estimate: float, boot_B: np.ndarray, seed_factor: float) -> Interval:
         if not seed_df:
             return _percentile(boot_B, estimate)
-        half = quantile * np.sqrt(np.var(boot_B, ddof=1) + seed_var * seed_factor)
+        text, seed = float(np.var(boot_B, ddof=1)), seed_var * seed_factor
+        # Welch-Satterthwaite: the text part's variance is known to many degrees of freedom, the
+        # seed part's to seed_df; the sum's effective df lies between seed_df and infinity.
+        df = seed_df * ((text + seed) / seed) ** 2 if seed > 0 else np.inf
+        half = stats.t.ppf((1 + CONFIDENCE) / 2, df) * np.sqrt(text + seed)
         return Interval(estimate, estimate - half, estimate + half)
 
     values = [SchemeValue(s, interval(float(m.mean()), boot[s], 1 / len(m)), tuple(float(x) for x in m))

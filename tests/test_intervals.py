@@ -54,7 +54,7 @@ def test_bootstrap_interval_covers_the_true_mean_95_percent_of_the_time():
 def test_seed_aware_interval_marks_no_winner_when_seeds_differ_more_than_schemes():
     """No scheme effect; the seed spread (s.d. 0.05 nats) dwarfs the text noise. Three seeds per
     scheme: a winner is marked in at most 10% of experiments (nominal 5%), while an interval
-    over the scored text alone calls a difference in over a quarter of them (35% measured)."""
+    over the scored text alone calls a difference in over a quarter of them (measured: 3.7% and 35%)."""
     rng = np.random.default_rng(2)
     marked = text_only_separated = 0
     for _ in range(EXPERIMENTS):

@@ -197,5 +197,5 @@ def perplexity_tables(runs: list[Run]) -> list[PerplexityTable]:
                     "better. Each cell: perplexity of the scheme's runs (geometric mean over training seeds) with "
                     "its 95% interval, and the range over seeds where there are several.")
             tables.append(PerplexityTable(_title(unit, multi), note, unit, multi, schemes,
-                                          {s: [r.train_seed for r in rs] for s, rs in by_scheme.items()}, results))
+                                          {s: [r.seeds for r in rs] for s, rs in by_scheme.items()}, results))
     return tables

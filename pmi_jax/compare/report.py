@@ -118,14 +118,16 @@ def _seed_line(runs: list[Run]) -> str:
     from pmi_jax.compare.perplexity_tables import scheme_order
 
     schemes = scheme_order(runs)
-    counts = {s: sorted((r.train_seed for r in runs if r.scheme == s), key=str) for s in schemes}
+    both = len({r.seeds[1] for r in runs}) > 1  # data seeds vary: name runs by (train, data) seed
+    name = (lambda r: f"{r.seeds[0]}/{r.seeds[1]}") if both else (lambda r: str(r.train_seed))
+    counts = {s: sorted((name(r) for r in runs if r.scheme == s), key=str) for s in schemes}
     text = "; ".join(f"{s}: {len(v)} ({', '.join(map(str, v))})" for s, v in counts.items())
     if all(len(v) == 1 for v in counts.values()):
         return (f"Training seeds per scheme: {text}. With one training seed per scheme, every interval below "
                 "covers the scored text only, not the training seed: it cannot show that a gap comes from the "
                 "scheme rather than from the seed, so no perplexity winner is marked.")
-    return (f"Training seeds per scheme: {text}. Runs of one scheme with different seeds (train.seed, and "
-            "data.seed where shown as train/data) are grouped; "
+    return (f"Training seeds per scheme{' (train.seed/data.seed)' if both else ''}: {text}. Runs of one scheme "
+            "with different seeds are grouped; "
             "difference intervals account for the seed-to-seed spread (docs/experiments.md, \"Intervals\").")
 
 

@@ -42,9 +42,12 @@ class Run:
 
     @property
     def train_seed(self):
-        """The run's seed as reports name it: train.seed, with data.seed where they differ."""
-        train, data = self.config.get("train", {}).get("seed"), self.config.get("data", {}).get("seed")
-        return train if data in (None, train) else f"{train}/{data}"
+        return self.config.get("train", {}).get("seed")
+
+    @property
+    def seeds(self) -> tuple:
+        """(train.seed, data.seed): two runs of one scheme are two seeds when either differs."""
+        return self.train_seed, self.config.get("data", {}).get("seed")
 
     def settings(self) -> dict[str, object]:
         """The compared settings, flattened to dotted names."""
@@ -136,8 +139,8 @@ def mismatches(runs: list[Run]) -> list[str]:
             if reference.get(key) != settings.get(key):
                 lines.append(f"{run.name} ({run.scheme}): {key} = {settings.get(key)!r}, but "
                              f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
-    pairs = [(r.scheme, r.train_seed) for r in runs]
+    pairs = [(r.scheme, r.seeds) for r in runs]
     for scheme, seed in sorted({p for p in pairs if pairs.count(p) > 1}, key=str):
         lines.append(f"scheme {scheme} with seed {seed} appears in {pairs.count((scheme, seed))} runs: "
-                     + ", ".join(r.name for r in runs if (r.scheme, r.train_seed) == (scheme, seed)))
+                     + ", ".join(r.name for r in runs if (r.scheme, r.seeds) == (scheme, seed)))
     return lines
