@@ -117,9 +117,10 @@ class PerplexityTable:
         lines.append("")
         pairs = [(a, b) for i, a in enumerate(self.schemes) for b in self.schemes[i + 1:]]
         if pairs and any(s.comparison for s in self.steps):
+            aware = any(s.comparison and s.comparison.seed_aware for s in self.steps)
             lines += ["Differences in mean NLL (nats per token; negative: the first scheme is lower), 95% interval"
-                      + (" (seed-aware)" if any(s.comparison and s.comparison.seed_aware for s in self.steps)
-                         else " over the scored text") + ", and the larger within-scheme seed range:", "",
+                      + (" (seed-aware), and the larger within-scheme range of per-seed means:" if aware
+                         else " over the scored text only:"), "",
                       "| difference | " + " | ".join(f"step {s.step}" for s in self.steps) + " |",
                       "|---|" + "---:|" * len(self.steps)]
             for a, b in pairs:
