@@ -104,18 +104,16 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
         yield (ids, features[feature]) if feature else ids
 
 
-def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint: str):
+def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):
     """The prepared corpus at `data_dir`, checked against the model that will score it.
 
-    Its vocab.txt must be the one the checkpoint recorded (sha256) and have the model's
-    vocab_size; its sequences must fit the model's position embeddings.
+    Its vocab.txt must be the one the checkpoint recorded (`metadata`, a CheckpointMetadata)
+    and have the model's vocab_size; its sequences must fit the model's position embeddings.
     """
-    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+    from pmi_jax.formats import prepared_corpus, run_dir
 
     corpus = prepared_corpus.PreparedCorpus(data_dir)
-    wordpiece_vocab.check_matches_checkpoint(
-        f"--data {data_dir}: its vocab.txt", sha256=corpus.vocab_sha256, size=corpus.vocab_size,
-        expected_sha256=vocab_sha256, vocab_size=config.vocab_size, checkpoint=checkpoint)
+    run_dir.vocabulary_for(metadata, checkpoint, config.vocab_size, data_dir=data_dir, flag="--data")
     if corpus.seq_len > config.max_position_embeddings:
         raise UserInputError(f"--data {data_dir}: sequences of {corpus.seq_len} tokens, the model takes at most "
                              f"{config.max_position_embeddings}")
@@ -279,10 +277,10 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
     from pmi_jax.formats import perplexity_result
 
     config, params, metadata = checkpoints.restore_for_eval(path)
-    data_dir = data_dir or metadata.get("data_dir")
+    data_dir = data_dir or metadata.data_dir
     if not data_dir:
         raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
-    corpus = open_corpus_for(data_dir, config, metadata.get("vocab_sha256"), path)
+    corpus = open_corpus_for(data_dir, config, metadata, path)
     check_unit(unit, corpus)
     special = corpus.special_ids
     result = unit_perplexity(
@@ -292,8 +290,8 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
     s = result.scores
     _, sums_S, counts_S = intervals.per_sequence(s.sequence_N, s.nll_N)
     interval = intervals.mean_interval(sums_S, counts_S)
-    report = {"checkpoint": path, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-              "train_seed": (metadata.get("config") or {}).get("train", {}).get("seed"),
+    report = {"checkpoint": path, "step": metadata.step, "scheme": metadata.run_scheme,
+              "train_seed": metadata.config.get("train", {}).get("seed"),
               "data": data_dir, "split": split, "unit": unit,
               "positions": "all" if positions is None else positions, "seed": seed, "max_sequences": max_sequences,
               "spacing": spacing,

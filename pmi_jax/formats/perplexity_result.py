@@ -1,4 +1,5 @@
-"""The `pmi-jax eval perplexity` result file: RUN/eval/perplexity-<split>[-<unit>]-step<N>.json.
+"""The contents of a `pmi-jax eval perplexity` result file (its name in the run directory:
+`pmi_jax.formats.run_dir.perplexity_result_path`).
 
     {"unit": "token" | "word" | NAME, "split", "step", "scheme", "seed", "positions", ...,
      "perplexity", "mean_nll", "num_tokens", "num_units", "num_sequences", "interval": {...},
@@ -21,14 +22,8 @@ import numpy as np
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 
-PREFIX = "perplexity-"
 TOKEN_UNIT = "token"
 NLL_DECIMALS = 6
-
-
-def file_name(split: str, unit: str, step) -> str:
-    """token keeps the name it had before units existed."""
-    return f"{PREFIX}{split}-step{step}.json" if unit == TOKEN_UNIT else f"{PREFIX}{split}-{unit}-step{step}.json"
 
 
 def encode_scores(sequence_N, position_N, unit_N, nll_N) -> dict:

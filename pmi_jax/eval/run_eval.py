@@ -1,0 +1,191 @@
+"""Evaluating a training run's checkpoints, one after another: what `pmi-jax eval` calls.
+
+Each function yields one result per checkpoint as it is written (under RUN/eval/, names from
+`pmi_jax.formats.run_dir`), so a caller can report progress; no argparse here, so Python code
+evaluates a run the same way the command does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Callable, Iterator, Sequence
+
+from pmi_jax.errors import UserInputError
+from pmi_jax.formats import run_dir
+
+
+def checkpoint_paths(checkpoint: str, steps: Sequence[int] | str | None, option: str = "--steps") -> list[str]:
+    """The checkpoint directories `checkpoint` and `steps` name, in step order.
+
+    `steps`: None (just `checkpoint`: a workdir, i.e. its latest checkpoint, or one
+    checkpoints/<step> directory), "all", or a list of steps that must exist.
+    """
+    from pmi_jax import checkpoints, storage
+
+    if steps is None:
+        return [checkpoint]
+    run = run_dir.run_dir_of(checkpoint)
+    folder = checkpoints.checkpoint_dir(run)
+    available = checkpoints.step_directories(run)
+    if not available:
+        raise UserInputError(f"--checkpoint {checkpoint}: no checkpoints/<step> directories in {run}")
+    if steps == "all":
+        chosen = available
+    else:
+        chosen = list(steps)
+        missing = [str(n) for n in chosen if n not in available]
+        if missing:
+            raise UserInputError(f"{option} {','.join(map(str, chosen))}: no checkpoint at step {', '.join(missing)} "
+                                 f"in {run} (steps there: {', '.join(map(str, available))})")
+    return [storage.join(folder, str(n)) for n in sorted(set(chosen))]
+
+
+@dataclasses.dataclass(frozen=True)
+class PerplexityRequest:
+    """What `pmi-jax eval perplexity` asks for (its flags, parsed)."""
+
+    data: str | None = None  # default: the corpus the checkpoint was trained on
+    split: str = "validation"
+    units: tuple[str, ...] = ("token",)  # token, word or a unit set of the corpus; one result each
+    positions: int | None = None  # None: every unit
+    seed: int = 0
+    max_sequences: int | None = None
+    batch_size: int = 64
+    spacing: int = 0  # 0: one unit per masked copy; K: every K-th unit masked together
+    skip_existing: bool = False  # keep a result already scored with these settings
+    output: str | None = None  # one more copy of the result (one checkpoint and unit only)
+
+    def settings(self, unit: str) -> dict:
+        """The recorded settings that decide which tokens were scored, and how."""
+        return {"split": self.split, "unit": unit, "seed": self.seed,
+                "positions": "all" if self.positions is None else self.positions, "spacing": self.spacing,
+                "max_sequences": self.max_sequences}
+
+
+def existing_perplexity(path: str, request: PerplexityRequest, unit: str) -> str | None:
+    """The RUN/eval result of this checkpoint and unit if it holds per-token scores and was scored
+    with the request's settings (a checkpoints/<step> directory's name is its step)."""
+    from pmi_jax import storage
+    from pmi_jax.formats import perplexity_result
+
+    step = path.rstrip("/").rsplit("/", 1)[-1]
+    if not step.isdigit():
+        return None  # a run directory: its latest step is known only after restoring
+    target = run_dir.perplexity_result_path(run_dir.run_dir_of(path), request.split, int(step), unit)
+    if not storage.gfile.exists(target):
+        return None
+    try:
+        found = perplexity_result.read(target)
+    except UserInputError:
+        return None
+    found.setdefault("spacing", 0)
+    same = all(found.get(k) == v for k, v in request.settings(unit).items())
+    return target if same and found.get("scores") is not None else None
+
+
+def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> Iterator[dict]:
+    """Perplexity of each checkpoint with each unit kind; yields each report once written, or
+    {"skipped": path of the result} where `skip_existing` found it done."""
+    from pmi_jax import storage
+    from pmi_jax.eval import perplexity
+    from pmi_jax.formats import perplexity_result
+
+    if request.output and (len(paths) > 1 or len(request.units) > 1):
+        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step) "
+                             "and one --unit")
+    for path in paths:
+        for unit in request.units:
+            if request.skip_existing:
+                done = existing_perplexity(path, request, unit)
+                if done:
+                    yield {"skipped": done}
+                    continue
+            report = perplexity.evaluate_checkpoint(
+                path, data_dir=request.data, split=request.split, unit=unit, positions=request.positions,
+                seed=request.seed, max_sequences=request.max_sequences, batch_size=request.batch_size,
+                spacing=request.spacing)
+            run = run_dir.run_dir_of(path)
+            storage.gfile.makedirs(run_dir.eval_dir(run))
+            for target in [run_dir.perplexity_result_path(run, request.split, report["step"], unit),
+                           *([request.output] if request.output else [])]:
+                perplexity_result.write(target, report)
+            yield report
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneRequest:
+    """What `pmi-jax eval finetune` asks for (its flags, parsed); `settings` is the protocol's
+    FinetuneConfig after the flags and --set."""
+
+    task: object  # a task of pmi_jax.eval.finetune.get_task
+    settings: object  # FinetuneConfig
+    read_examples: Callable[[str], list]  # split ("train" | "dev") -> examples
+    data_label: str  # recorded in the result: the --data folder or tfds:NAME
+    test_data: str | None = None
+    vocab: str | None = None
+    output: str | None = None
+    overwrite: bool = False
+
+
+def finetune_output(request: FinetuneRequest, path: str, step, many: bool) -> str:
+    """--output (one folder per step under it when there are several), else RUN/eval/..."""
+    from pmi_jax import storage
+
+    if request.output:
+        return storage.join(request.output, f"step{step}") if many else request.output
+    return run_dir.finetune_result_dir(run_dir.run_dir_of(path), request.task.name, request.settings.protocol, step)
+
+
+def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator[tuple[dict, str]]:
+    """Run the protocol on each checkpoint; yields (result, output directory) once written."""
+    from pmi_jax import checkpoints, storage
+    from pmi_jax.eval import finetune
+    from pmi_jax.vocabularies import WordPieceVocabulary
+
+    task, settings, many = request.task, request.settings, len(paths) > 1
+    if many:  # every output checked before hours of fine-tuning, not after
+        for path in paths:
+            storage.check_new_output(finetune_output(request, path, os.path.basename(path), many), request.overwrite,
+                                     directory=True)
+    encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
+    for path in paths:
+        config, params, metadata = checkpoints.restore_for_eval(path)
+        step = metadata.step
+        output = finetune_output(request, path, step, many)
+        storage.check_new_output(output, request.overwrite, directory=True)
+        vocab = run_dir.vocabulary_for(metadata, path, config.vocab_size, vocab=request.vocab)
+        if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
+            wordpiece = WordPieceVocabulary(vocab)
+            max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
+            if max_seq_len > config.max_position_embeddings:
+                raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
+                                     f"{config.max_position_embeddings} tokens")
+            for split in ("train", "dev", "test"):
+                if split == "test":
+                    if not request.test_data:
+                        continue
+                    examples[split] = task.read(request.test_data, "test")
+                else:
+                    examples[split] = request.read_examples(split)
+                encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
+                logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
+                             len(encoded[split].arrays["input_ids"]))
+
+        result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
+                                              dataclasses.replace(settings, max_seq_len=max_seq_len),
+                                              encoded.get("test"))
+        result.update({"checkpoint": path, "step": step, "scheme": metadata.scheme,
+                       "data": request.data_label, "test_data": request.test_data, "max_seq_len": max_seq_len})
+        test_outputs = result.pop("test_outputs", None)
+        title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.scheme})"
+        with storage.atomic_directory(output, overwrite=request.overwrite) as tmp:  # every file or none
+            if test_outputs is not None:
+                written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
+                result["test_predictions"] = [storage.join(output, os.path.basename(w)) for w in written]
+            with storage.gfile.GFile(storage.join(tmp, run_dir.FINETUNE_RESULTS), "w") as f:
+                f.write(json.dumps(result, indent=2) + "\n")
+            with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
+                f.write(finetune.markdown_report(result, title))
+        yield result, output
