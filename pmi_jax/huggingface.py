@@ -326,7 +326,10 @@ def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dic
               f"| training compute dtype | {config.dtype} |", "",
               "## Evaluation", ""]
     if perplexity:
-        lines.append(f"Single-token perplexity (each token masked alone) on the `{perplexity.get('split')}` split: "
+        unit = perplexity.get("unit", "token")
+        what = ("Single-token perplexity (each token masked alone)" if unit == "token" else
+                f"Perplexity with one `{unit}` unit masked at a time")
+        lines.append(f"{what} on the `{perplexity.get('split')}` split: "
                      f"**{perplexity['perplexity']:.3f}** (mean NLL {perplexity['mean_nll']:.4f} nats over "
                      f"{perplexity['num_tokens']} tokens of {perplexity['num_sequences']} sequences).")
     else:

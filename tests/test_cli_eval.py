@@ -45,7 +45,9 @@ def test_perplexity_command(corpus_checkpoint, tmp_path, capsys):
     with open(output) as f:
         result = json.load(f)
     assert result["num_tokens"] == 4 * result["num_sequences"] and result["step"] == 7
-    assert f"single-token perplexity {result['perplexity']:.3f}" in printed
+    assert f"single-token perplexity {result['perplexity']:.3f} [95% " in printed
+    assert result["unit"] == "token" and len(result["scores"]["nll"]) == result["num_tokens"]
+    assert result["interval"]["perplexity"][0] < result["perplexity"] < result["interval"]["perplexity"][1]
 
 
 def test_perplexity_refuses_a_corpus_with_another_vocabulary(tmp_path, corpus_checkpoint, capsys):

@@ -132,3 +132,10 @@ def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
         "bad.py:5 imports preprocess.vocab.build_vocab"]
+
+
+def test_statistics_live_in_one_module_that_eval_and_compare_share():
+    """Intervals are computed in pmi_jax/intervals.py only (numpy and scipy, nothing of the project)."""
+    assert project_imports("pmi_jax.intervals") == []
+    users = {m for m in MODULES if any(t == "pmi_jax.intervals" for _, t in project_imports(m))}
+    assert {"pmi_jax.eval.perplexity", "pmi_jax.compare.perplexity_tables"} <= users, users

@@ -1,20 +1,22 @@
 """`pmi-jax eval`: score a pretrained checkpoint.
 
-    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all
+    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all --unit token --unit word --unit pmi
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
     pmi-jax eval finetune --hf-model released/bert-base-uncased --task race --data RACE --output results/bert-race
 
-`perplexity` masks one held-out token at a time (no other corruption) and reports
-exp(mean negative log-likelihood), the paper's Table 4 measure (§4.2); `finetune` runs one of
-the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median over
-seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's epochs
-(4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written to
-results.json and results.md. With --steps, each checkpoint of the run gets its own result;
+`perplexity` masks one held-out token, whole word or masking unit at a time (`--unit`; no other
+corruption) and reports exp(mean negative log-likelihood) with a 95% interval, keeping every
+scored token's NLL (the single-token measure is the paper's Table 4, §4.2); `finetune` runs one
+of the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median
+over seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's
+epochs (4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written
+to results.json and results.md. With --steps, each checkpoint of the run gets its own result;
 with --hf-model, a released transformers BERT is fine-tuned the same way (the paper's Table 3).
 
 Where results go inside the run directory (what `pmi-jax compare` reads):
-    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint
+    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint (--unit token)
+    RUN/eval/perplexity-<split>-<unit>-step<N>.json   the same for --unit word or NAME
     RUN/eval/<task>-<protocol>-step<N>/results.json   and results.md, test predictions beside
 (task names with "/" written with "-", e.g. glue-rte-checkpoint-step2000).
 """
@@ -52,26 +54,48 @@ def _add_checkpoint(p, required: bool = True) -> None:
 
 def _add_perplexity(commands) -> None:
     p = commands.add_parser(
-        "perplexity", help="single-token perplexity on held-out sequences",
-        description="For each chosen non-special token of the held-out sequences, mask that token alone and score "
-                    "it; report exp(mean negative log-likelihood) and the number of tokens scored.")
+        "perplexity", help="perplexity on held-out sequences, one token, word or unit masked at a time",
+        description="For each chosen unit of the held-out sequences (a token, a whole word, or a masking unit of "
+                    "the corpus), mask that unit's tokens alone (nothing else corrupted) and score them; report "
+                    "exp(mean negative log-likelihood over the scored tokens) with a 95% bootstrap interval over "
+                    "the scored sequences. Every scored token's NLL is kept in the result, so that `pmi-jax "
+                    "compare` can pair runs token by token: the units are drawn from --seed and the sequence "
+                    "alone, so every run scored on the same corpus with the same --seed, --positions and --unit is "
+                    "scored on the same tokens. One unit per masked copy: the scored units of a sequence never "
+                    "overlap and never hide each other's context (docs/experiments.md, \"Unit perplexity\").")
     _add_checkpoint(p)
     p.add_argument("--data", default=None,
                    help="prepared corpus directory (default: the one the checkpoint was trained on); its vocab.txt "
                         "must be the checkpoint's")
     p.add_argument("--split", default="validation", help="which split's TFRecords to score (default: validation)")
+    p.add_argument("--unit", action="append", default=None, metavar="{token,word,NAME}",
+                   help="what is masked at once (repeatable, one result file each; default: token): token = one "
+                        "token (the paper's single-token perplexity); word = every WordPiece of one whole word; "
+                        "NAME = every token of one unit of the corpus's unit set NAME (`corpus prepare --units "
+                        "NAME=...`, e.g. pmi)")
     p.add_argument("--positions", default="all",
-                   help="'all' scores every non-special token; a number N scores a random sample of N tokens per "
-                        "sequence (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the position sample (default: 0)")
-    p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
+                   help="'all' scores every unit of every sequence; a number N scores a random sample of N units "
+                        "per sequence, drawn from --seed and the sequence's index (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the unit sample (default: 0)")
+    p.add_argument("--spacing", type=int, default=0, metavar="K",
+                   help="0 (default): each masked copy masks one unit, the exact measure. K > 0: each copy masks "
+                        "every K-th chosen unit of the sequence at once (K-1 chosen units between masked ones), "
+                        "K-fold fewer forward passes for large scored sets; every unit is still scored once, but "
+                        "about 1/K of the context is masked too, so compare only runs scored with the same K")
+    p.add_argument("--max-sequences", type=int, default=None,
+                   help="score only the first N sequences of the split (default: all of them)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
     _add_steps(p)
     p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
-                   "only; written whole under a temporary name, then renamed); the result is always written to "
-                   "RUN/eval/perplexity-<split>-step<N>.json")
+                   "and one --unit only; written whole under a temporary name, then renamed); the result is always "
+                   "written to RUN/eval/perplexity-<split>-step<N>.json (token) or "
+                   "RUN/eval/perplexity-<split>-<unit>-step<N>.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="skip a checkpoint and unit whose RUN/eval result exists and was scored with the same "
+                        "split, unit, seed, positions, spacing and max-sequences (to finish an interrupted "
+                        "evaluation); without it, results in RUN/eval are rewritten")
     p.set_defaults(func=run_perplexity)
 
 
@@ -193,17 +217,28 @@ def run_perplexity(args: argparse.Namespace) -> int:
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
+    if args.spacing < 0:
+        raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
         storage.check_new_output(args.output, args.overwrite)
     quiet.quiet_checkpoint_reads()
-    request = PerplexityRequest(data=args.data, split=args.split, positions=positions, positions_text=args.positions,
-                                seed=args.seed, max_sequences=args.max_sequences, batch_size=args.batch_size,
+    request = PerplexityRequest(data=args.data, split=args.split, units=tuple(dict.fromkeys(args.unit or ["token"])),
+                                positions=positions, seed=args.seed, max_sequences=args.max_sequences,
+                                batch_size=args.batch_size, spacing=args.spacing, skip_existing=args.skip_existing,
                                 output=args.output)
     for report in perplexity_of_checkpoints(_checkpoints(args.checkpoint, args.steps), request):
-        print(f"single-token perplexity {report['perplexity']:.3f} (mean NLL {report['mean_nll']:.4f} nats) over "
-              f"{report['num_tokens']} tokens of {report['num_sequences']} {args.split} sequences, checkpoint step "
-              f"{report['step']}, scheme {report['scheme']}")
+        if "skipped" in report:
+            print(f"{report['skipped']}: already scored with these settings; skipped")
+            continue
+        low, high = report["interval"]["perplexity"]
+        multi = report.get("multi_token")
+        extra = f"; units of 2+ tokens: {multi['perplexity']:.3f} over {multi['num_tokens']} tokens" if multi else ""
+        what = "single-token" if report["unit"] == "token" else f"{report['unit']}-unit"
+        print(f"{what} perplexity {report['perplexity']:.3f} [95% {low:.3f}, {high:.3f} over the scored sequences] "
+              f"(mean NLL {report['mean_nll']:.4f} nats) over {report['num_tokens']} tokens in "
+              f"{report['num_units']} units of {report['num_sequences']} {args.split} sequences{extra}; "
+              f"checkpoint step {report['step']}, scheme {report['scheme']}")
     return 0
 
 

@@ -3,7 +3,7 @@ share, so that no reader re-types a path or a metadata key (docs/design.md, "Run
 
     RUN/checkpoints/<step>/state, metadata            pmi_jax.checkpoints (Orbax); metadata: CheckpointMetadata
     RUN/tensorboard/metrics.jsonl                     MetricWriter writes, read_metrics reads
-    RUN/eval/perplexity-<split>-step<N>.json          perplexity_result_path
+    RUN/eval/perplexity-<split>[-<unit>]-step<N>.json perplexity_result_path (contents: perplexity_result)
     RUN/eval/<task>-<protocol>-step<N>/results.json   finetune_result_dir
 """
 from __future__ import annotations
@@ -108,8 +108,11 @@ def eval_dir(run: str) -> str:
     return storage.join(run, EVAL_DIR)
 
 
-def perplexity_result_path(run: str, split: str, step) -> str:
-    return storage.join(eval_dir(run), f"{PERPLEXITY_PREFIX}{split}-step{step}.json")
+def perplexity_result_path(run: str, split: str, step, unit: str = "token") -> str:
+    """`--unit token` keeps the name it had before units existed; other units add theirs.
+    The file's contents: `pmi_jax.formats.perplexity_result`."""
+    name = f"{split}-step{step}" if unit == "token" else f"{split}-{unit}-step{step}"
+    return storage.join(eval_dir(run), f"{PERPLEXITY_PREFIX}{name}.json")
 
 
 def finetune_result_dir(run: str, task: str, protocol: str, step) -> str:
