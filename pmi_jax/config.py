@@ -28,6 +28,7 @@ PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
+GELUS = ("erf", "tanh")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -81,6 +82,10 @@ class ModelConfig:
     # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),
     # or "auto": sorted on GPUs, scatter elsewhere (benchmarks/README.md, "GPU").
     embedding_grad: str = "auto"
+    # GELU form: "erf" (exact; transformers' BertModel, so exports give the same numbers) or
+    # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
+    # cheaper on some accelerators, but an exported model then computes slightly differently).
+    gelu: str = "erf"
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -111,6 +116,8 @@ class ModelConfig:
         if self.embedding_grad not in EMBEDDING_GRADS:
             raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
                                  f"{', '.join(EMBEDDING_GRADS)}")
+        if self.gelu not in GELUS:
+            raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
         if self.remat not in REMAT_POLICIES:
             raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
 

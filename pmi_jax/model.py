@@ -75,8 +75,9 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
                         scale_init=_ones("embed"), bias_init=_zeros("embed"), name=name)
 
 
-def _gelu(x):
-    return nn.gelu(x, approximate=False)  # the erf GELU of transformers' BERT (module docstring: why)
+def _gelu(form: str, x):
+    # "erf" by default: the GELU of transformers' BERT (module docstring: why); "tanh" as an option.
+    return nn.gelu(x, approximate=form == "tanh")
 
 
 def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
@@ -395,7 +396,7 @@ class FeedForward(nn.Module):
         h_BxLxF = nn.Dense(c.intermediate_size, dtype=_dtype(c), param_dtype=jnp.float32,
                            kernel_init=_init(c, "embed", "mlp"), bias_init=_zeros("mlp"),
                            name="intermediate")(x_BxLxD)
-        h_BxLxF = nn.with_logical_constraint(_gelu(h_BxLxF), ("batch", "length", "mlp"))
+        h_BxLxF = nn.with_logical_constraint(_gelu(c.gelu, h_BxLxF), ("batch", "length", "mlp"))
         return nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                         kernel_init=_init(c, "mlp", "embed"), bias_init=_zeros("embed"), name="output")(h_BxLxF)
 
@@ -500,7 +501,7 @@ class BertForMaskedLM(nn.Module):
         bias_V = self.output_bias
         if c.padded_vocab_size != c.vocab_size:
             bias_V = jnp.where(jnp.arange(c.padded_vocab_size) < c.vocab_size, bias_V, -jnp.inf)
-        h_BxPxD = self.transform_layer_norm(_gelu(self.transform(hidden_BxPxD)))
+        h_BxPxD = self.transform_layer_norm(_gelu(c.gelu, self.transform(hidden_BxPxD)))
         logits_BxPxV = _output_bias(c, self.encoder.embed.attend(h_BxPxD), bias_V)
         return nn.with_logical_constraint(logits_BxPxV, ("batch", "length", "vocab"))
 
