@@ -86,6 +86,10 @@ class ModelConfig:
     # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
     # cheaper on some accelerators, but an exported model then computes slightly differently).
     gelu: str = "erf"
+    # Query, key and value as one matmul against the three kernels concatenated ([D, 3 x D]);
+    # the parameters stay three, so checkpoints and exports are unchanged. XLA does not merge the
+    # three projections by itself on CPU or TPU (checked in the compiled HLO; benchmarks/README.md).
+    fused_qkv: bool = False
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed

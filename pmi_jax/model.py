@@ -21,6 +21,11 @@ Layers run either as a Python loop (`encoder/layer_<i>` parameters, BERT's layou
 rematerialised; `stack_layers`/`unstack_layers` convert between the two layouts. The
 vocabulary is padded to `vocab_multiple` rows; the padded ids' logits are -inf.
 
+Some kernels depend on the platform the program is compiled for, with the same values and
+parameters everywhere: the attention without attention dropout (cuDNN's fused kernel on GPUs,
+XLA's elsewhere), the word-embedding gradient (sorted segment sum or scatter-add) and two
+XLA:CPU rewrites. `for_platform` settles them; docs/gpu.md has the table.
+
 Every parameter carries logical axis names (vocab, embed, heads, kv, mlp, position,
 token_type) and activations are constrained by (batch, length, embed, ...); the mapping to
 mesh axes is a config choice (`pmi_jax.partitioning`). Outside a mesh-rules context the
@@ -321,6 +326,7 @@ class HeadsProjection(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        """The projection of `x`; with `x` None, the 2-D kernel and 1-D bias themselves (for `fused_qkv`)."""
         c = self.config
         h, k, d = c.num_heads, c.head_dim, c.hidden_size
         if self.to_heads:
@@ -332,7 +338,9 @@ class HeadsProjection(nn.Module):
             kernel = self.param("kernel", _init(c, "heads", "kv", "embed"), (h, k, d), jnp.float32)
             bias = self.param("bias", _zeros("embed"), (d,), jnp.float32)
             kernel_2d, bias_1d = kernel.reshape(h * k, d), bias
-            x_2d = x.reshape(*x.shape[:-2], h * k)
+            x_2d = x.reshape(*x.shape[:-2], h * k) if x is not None else None
+        if x is None:
+            return kernel_2d, bias_1d
         x_2d, kernel_2d, bias_1d = nn.dtypes.promote_dtype(x_2d, kernel_2d, bias_1d, dtype=_dtype(c))
         y = x_2d @ kernel_2d + bias_1d
         return y.reshape(*y.shape[:-1], h, k) if self.to_heads else y
@@ -358,9 +366,19 @@ class SelfAttention(nn.Module):
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
         dtype = _dtype(c)
-        q_BxLxHxK = HeadsProjection(c, to_heads=True, name="query")(x_BxLxD)
-        k_BxLxHxK = HeadsProjection(c, to_heads=True, name="key")(x_BxLxD)
-        v_BxLxHxK = HeadsProjection(c, to_heads=True, name="value")(x_BxLxD)
+        if c.fused_qkv:
+            # One [D, 3 H K] matmul on the three kernels concatenated (the parameters stay three).
+            weights = [HeadsProjection(c, to_heads=True, name=n)(None) for n in ("query", "key", "value")]
+            x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
+                x_BxLxD, jnp.concatenate([w for w, _ in weights], axis=1),
+                jnp.concatenate([b for _, b in weights]), dtype=dtype)
+            qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], 3, c.num_heads,
+                                                                        c.head_dim)
+            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[..., i, :, :] for i in range(3))
+        else:
+            q_BxLxHxK = HeadsProjection(c, to_heads=True, name="query")(x_BxLxD)
+            k_BxLxHxK = HeadsProjection(c, to_heads=True, name="key")(x_BxLxD)
+            v_BxLxHxK = HeadsProjection(c, to_heads=True, name="value")(x_BxLxD)
         q_BxLxHxK = nn.with_logical_constraint(q_BxLxHxK, ("batch", "length", "heads", "kv"))
         k_BxLxHxK = nn.with_logical_constraint(k_BxLxHxK, ("batch", "length", "heads", "kv"))
         v_BxLxHxK = nn.with_logical_constraint(v_BxLxHxK, ("batch", "length", "heads", "kv"))

@@ -178,3 +178,21 @@ def _exact_word_gradient(module, params, ids, types, g_BxLxD):
     exact = np.zeros(params["word"]["embedding"].shape, np.float64)
     np.add.at(exact, np.asarray(ids).reshape(-1), g_rows)
     return exact
+
+
+def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
+    config = dataclasses.replace(CONFIG, dtype="float32", dropout_rate=0.0, attention="xla")
+    ids, mask = _inputs()
+    model = BertForMaskedLM(config)
+    params = nn.unbox(model.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    fused = BertForMaskedLM(dataclasses.replace(config, fused_qkv=True))
+    fused_params = nn.unbox(fused.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    assert jax.tree.structure(fused_params) == jax.tree.structure(params)  # same tree, same checkpoints
+
+    def loss(p, m):
+        return jnp.sum(m.apply({"params": p}, ids, mask, deterministic=True) * np.asarray(mask)[..., None])
+
+    np.testing.assert_allclose(fused.apply({"params": params}, ids, mask, deterministic=True),
+                               model.apply({"params": params}, ids, mask, deterministic=True), rtol=1e-5, atol=1e-5)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-6),
+                 jax.grad(loss)(params, fused), jax.grad(loss)(params, model))

@@ -16,18 +16,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "scheme_compare.py")
 SCHEMES = ["random_token", "random_span", "naive_pmi", "pmi"]
 
-# Runs the script with tensorflow, seqio and tensorflow_text unimportable.
-_NO_TF = """
-import runpy, sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "seqio", "tensorflow_text"):
-            raise ImportError(f"{name} is blocked: the lent GPU machine has no TensorFlow")
-        return None
-sys.meta_path.insert(0, _Block())
-sys.argv = [sys.argv[1]] + sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+_HIDDEN = ("tensorflow", "tensorflow_text", "seqio")
+
+
+@pytest.fixture(scope="module")
+def no_tensorflow_path(tmp_path_factory):
+    """A copy (of links) of site-packages without TensorFlow, seqio and tensorflow_text, so that a
+    process started with `python -S` and this path finds them absent, as on the lent GPU machine."""
+    import site
+    import sysconfig
+
+    view = tmp_path_factory.mktemp("site_without_tf")
+    for source in {sysconfig.get_paths()["purelib"], *site.getsitepackages()}:
+        for name in os.listdir(source):
+            top = name.split("-")[0].split(".")[0].lower()
+            if top in _HIDDEN or name.startswith(_HIDDEN) or (view / name).exists():
+                continue
+            os.symlink(os.path.join(source, name), view / name)
+    return str(view)
+
+
+def _without_tensorflow(view: str, *argv: str) -> list[str]:
+    code = ("import runpy, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; sys.argv = sys.argv[3:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return [sys.executable, "-S", "-c", code, ROOT, view, *argv]
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +86,16 @@ def test_a_file_over_the_size_limit_is_refused_with_the_steps_that_fit(dumped):
     assert proc.returncode == 2 and "about 0 steps fit" in proc.stderr and not os.path.exists(out), proc.stderr
 
 
-def test_run_trains_scores_and_packs_what_compare_reads_without_tensorflow(dumped):
+def test_run_trains_scores_and_packs_what_compare_reads_without_tensorflow(dumped, no_tensorflow_path):
     root, _, out = dumped
     results = root / "out"
-    proc = subprocess.run([sys.executable, "-c", _NO_TF, SCRIPT, "run", "--batches", out, "--config", "tiny",
-                           "--output", str(results), "--runs", str(root / "work"), "--eval-every", "2",
-                           "--positions", "4", "--set", "train.log_every_steps=1"],
+    probe = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [sys.argv[1]]; import tensorflow",
+                            no_tensorflow_path], capture_output=True, text=True, timeout=600)
+    assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr, probe.stderr
+    proc = subprocess.run(_without_tensorflow(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
+                                              "--output", str(results), "--runs", str(root / "work"),
+                                              "--eval-every", "2", "--positions", "4",
+                                              "--set", "train.log_every_steps=1"),
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(os.listdir(results))
