@@ -14,7 +14,8 @@ peak (`pmi_jax.metrics`: H100 989 TFLOP/s), peak device memory, the attention an
 gradient the program was settled to, and for the variants marked `profile` a kernel-time
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
 `jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (see
-`categorise`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
+`categorise`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
+(outputs and gradients; `attention_check`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
 whole command fits 9 minutes of a 10-minute machine call); those left out are recorded as
 skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
 
@@ -58,8 +59,11 @@ class Variant:
 PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py)
 NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
+CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
+
 # Priority order: what is cut when the budget runs out comes last.
 GPU_PLAN = (
+    CHECK,
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
@@ -81,6 +85,7 @@ GPU_PLAN = (
 # The CPU dry run: the same code paths on a model small enough for a test.
 _TINY = ("model.vocab_size=512", "model.max_position_embeddings=64")
 CPU_PLAN = (
+    CHECK,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh"),
@@ -273,6 +278,54 @@ def _category_from_kernel_name(name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# cuDNN against XLA
+# --------------------------------------------------------------------------------------
+
+
+def attention_check(platform: str | None) -> dict:
+    """cuDNN's fused attention against the XLA path on BERT-base's shapes, values and gradients.
+
+    bf16 q, k, v of [8, 512, 12, 64] with padded tails given as key lengths. On a GPU it
+    compares implementation="cudnn" with "xla"; elsewhere (the CPU dry run) the XLA path with
+    lengths against XLA with the boolean mask, so the same code runs. Errors are relative to
+    the largest reference value, in float32.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    b, length, h, k = (8, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
+    q, kk, v = jax.random.normal(jax.random.key(0), (3, b, length, h, k), jnp.float32).astype(jnp.bfloat16)
+    lengths_B = jnp.asarray(np.linspace(length // 4, length, b).astype(np.int32))
+    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32)
+    keys = (jnp.arange(length)[None, :] < lengths_B[:, None])[:, None, None, :]
+
+    def loss(q, kk, v, form):
+        if form == "cudnn":
+            out = jax.nn.dot_product_attention(q, kk, v, key_value_seq_lengths=lengths_B, implementation="cudnn")
+        elif form == "lengths":
+            out = jax.nn.dot_product_attention(q, kk, v, key_value_seq_lengths=lengths_B, implementation="xla")
+        else:
+            out = jax.nn.dot_product_attention(q, kk, v, mask=keys, implementation="xla")
+        return jnp.sum(out.astype(jnp.float32) * g), out
+
+    def run(form):
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True),
+                                  static_argnums=3)(q, kk, v, form)
+        return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    tested, reference = run("cudnn" if on_gpu else "lengths"), run("mask")
+    errors = {}
+    for name, a, r in zip(("output", "dq", "dk", "dv"), tested, reference):
+        errors[name] = float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), 1e-30))
+    return {"variant": "attention-check", "compared": "cudnn vs xla" if on_gpu else "xla lengths vs xla mask",
+            "shape": [b, length, h, k], "max_error_relative_to_max": errors,
+            "agree_within_bf16": all(e < 2e-2 for e in errors.values())}
+
+
+# --------------------------------------------------------------------------------------
 # One variant (in its own process)
 # --------------------------------------------------------------------------------------
 
@@ -389,6 +442,9 @@ def _write(path: str, payload: dict) -> None:
 def _line(r: dict) -> str:
     if "error" in r or "skipped" in r:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
+    if r["variant"] == CHECK.name:
+        errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
+        return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "  n/a"
     memory = r.get("peak_memory_gib", r.get("compiled_temp_gib"))
     text = (f"{r['variant']:<30} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10} {mfu:>6} {memory:>8.2f} "
@@ -410,7 +466,11 @@ def main(argv=None) -> None:
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: run this variant, print JSON
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_variant(Variant(**json.loads(args.one)), args.steps, args.timed_s, args.platform or None)))
+        variant = Variant(**json.loads(args.one))
+        if variant.name == CHECK.name:
+            print(json.dumps(attention_check(args.platform or None)))
+        else:
+            print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None)))
         return
     if not args.output:
         parser.error("--output is required")

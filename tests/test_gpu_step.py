@@ -13,7 +13,11 @@ def test_cpu_dry_run_times_every_variant_profiles_and_loads_no_tensorflow(tmp_pa
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r["variant"] for r in results] == ["tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
+    assert [r["variant"] for r in results] == ["attention-check", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], \
+        proc.stdout
+    check = results.pop(0)
+    assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
+    assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
     for r in results:
         assert "error" not in r, r
         assert r["timed_steps"] >= 3 and r["ms_per_step"] > 0 and r["forbidden_modules"] == []
@@ -36,4 +40,4 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent", "budget spent"]
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 3
