@@ -211,7 +211,7 @@ def run(args) -> None:
     import jax
 
     from pmi_jax import checkpoints, train
-    from pmi_jax.cli.train import load_config
+    from pmi_jax.config import load_config
     from pmi_jax.config import apply_overrides
 
     npz = np.load(args.batches)
