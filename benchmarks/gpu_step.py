@@ -5,12 +5,12 @@
 
 Each variant is the trainer's own jitted step (`pmi_jax.train.build_program`: MLM loss on the
 gathered masked positions, backward, clipping, AdamW) on a synthetic batch
-(`train.SyntheticBatches`: a random padded tail per sequence, 15% of the words masked), run in
+(`pmi_jax.batches.SyntheticBatches`: a random padded tail per sequence, 15% of the words masked), run in
 a process of its own, so that XLA flags can differ between variants and an out-of-memory
 variant cannot spoil the next. Per variant it records: compile time, the median step time of
 at least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops
 after `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16
-peak (`pmi_jax.metrics`: H100 989 TFLOP/s), peak device memory, the attention and embedding
+peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention and embedding
 gradient the program was settled to, and for the variants marked `profile` a kernel-time
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
 `jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (see
@@ -333,9 +333,9 @@ def attention_check(platform: str | None) -> dict:
 def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> dict:
     import jax
 
-    from pmi_jax import metrics, partitioning, train
-    from pmi_jax.cli.train import load_config
-    from pmi_jax.config import apply_overrides
+    from pmi_jax import flops, partitioning, train
+    from pmi_jax.batches import SyntheticBatches
+    from pmi_jax.config import apply_overrides, load_config
     from pmi_jax.model import for_platform
 
     devices = jax.devices(platform) if platform else jax.devices()
@@ -355,7 +355,7 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> 
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)
-        host_batch = train.SyntheticBatches(config.model.vocab_size, variant.seq_len, config.train.batch_size,
+        host_batch = SyntheticBatches(config.model.vocab_size, variant.seq_len, config.train.batch_size,
                                             ).global_batch(0)
         batch = partitioning.global_batch_from_host(host_batch, mesh, config.train.batch_size)
         state = program.init()
@@ -388,9 +388,9 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> 
         record["peak_memory_gib"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
     step_s = statistics.median(times)
     tokens_per_s = config.train.batch_size * variant.seq_len / step_s
-    flops_per_token = metrics.training_flops_per_token(config.model, variant.seq_len)
-    peak = metrics.device_peak_flops(devices[0].device_kind)
-    utilisation = metrics.mfu(flops_per_token, tokens_per_s, n, peak)
+    flops_per_token = flops.training_flops_per_token(config.model, variant.seq_len)
+    peak = flops.device_peak_flops(devices[0].device_kind)
+    utilisation = flops.mfu(flops_per_token, tokens_per_s, n, peak)
     record.update(timed_steps=len(times), ms_per_step=round(1e3 * step_s, 2),
                   ms_min=round(1e3 * min(times), 2), ms_max=round(1e3 * max(times), 2),
                   tokens_per_s=round(tokens_per_s), tflops_per_device=round(flops_per_token * tokens_per_s / n / 1e12, 2),

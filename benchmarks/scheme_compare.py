@@ -13,7 +13,7 @@ at most 64 MiB of the working tree in, and at most 8 files of 16 MiB out (no che
     for f in out/*.tar.gz; do tar -xzf "$f" -C runs/; done
     pmi-jax compare runs/* --output report/
 
-`dump` stores, for each scheme, what its seqio task yields at steps 0..S-1 (`train.TaskBatches`,
+`dump` stores, for each scheme, what its seqio task yields at steps 0..S-1 (`batches.TaskBatches`,
 the trainer's own source) in a form that decodes to the same arrays bit for bit (tested):
 the distinct token sequences once for all schemes (uint16), each scheme's sequence order, its
 masked positions as bits, a 2-bit action per masked position ([MASK], random, unchanged) and
@@ -118,7 +118,8 @@ def decode(npz, scheme: str, steps: int, batch: int, seq_len: int, special_ids: 
 
 
 def dump(args) -> None:
-    from pmi_jax import storage, train
+    from pmi_jax import batches as batch_sources
+    from pmi_jax import storage
     from pmi_jax.errors import UserInputError
     from pmi_jax.eval import perplexity
     from pmi_jax.formats import wordpiece_vocab
@@ -127,8 +128,8 @@ def dump(args) -> None:
     special = wordpiece_vocab.special_ids(tokens)
     batches = {}
     for scheme in args.schemes:
-        corpus = train.read_corpus_info(args.data, scheme, "train")
-        source = train.TaskBatches(args.data, scheme, "train", corpus.seq_len, args.batch, args.seed)
+        corpus = batch_sources.read_corpus_info(args.data, scheme, "train")
+        source = batch_sources.TaskBatches(args.data, scheme, "train", corpus.seq_len, args.batch, args.seed)
         rows = {k: [] for k in KEYS}
         for _, batch in zip(range(args.steps), source.batches(0, 0, 1)):
             for k in KEYS:
@@ -173,9 +174,12 @@ class ArrayBatches:
 
 
 def score_checkpoint(step_dir: str, validation, info: dict, positions) -> dict:
-    """Single-token perplexity of one checkpoint, as `pmi-jax eval perplexity` computes and records it."""
-    from pmi_jax import checkpoints
+    """Single-token perplexity of one checkpoint, computed and recorded as `pmi-jax eval perplexity`
+    does (`pmi_jax.eval.run_eval.perplexity_of_checkpoints`, which reads the held-out text from the
+    prepared corpus with TensorFlow; here it comes from the file)."""
+    from pmi_jax import checkpoints, storage
     from pmi_jax.eval import perplexity
+    from pmi_jax.formats import run_dir
     from pmi_jax.model import BertForMaskedLM
 
     special = info["special_ids"]
@@ -183,19 +187,15 @@ def score_checkpoint(step_dir: str, validation, info: dict, positions) -> dict:
     result = perplexity.single_token_perplexity(
         BertForMaskedLM(model_config), params, validation, seq_len=info["seq_len"],
         special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"], positions=positions)
-    return {"checkpoint": step_dir, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-            "data": info["data_dir"], "split": "validation", "positions": positions if positions else "all",
-            "seed": 0, "max_sequences": len(validation), "perplexity": result.perplexity,
-            "mean_nll": result.mean_nll, "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
-
-
-def _write_text(path: str, text: str) -> None:
-    """Atomically (temporary name, then rename), on local disk: `pmi_jax.storage` would import
-    TensorFlow, which the lent machine does not have."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    report = {"checkpoint": step_dir, "step": metadata.step, "scheme": metadata.scheme,
+              "data": info["data_dir"], "split": "validation", "positions": str(positions) if positions else "all",
+              "seed": 0, "max_sequences": len(validation), "perplexity": result.perplexity,
+              "mean_nll": result.mean_nll, "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
+    run = run_dir.run_dir_of(step_dir)
+    storage.gfile.makedirs(run_dir.eval_dir(run))
+    with storage.atomic_file(run_dir.perplexity_result_path(run, "validation", metadata.step)) as f:
+        f.write(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def _pack(workdir: str, path: str) -> int:
@@ -220,7 +220,7 @@ def run(args) -> None:
         raise SystemExit(f"{args.batches}: format {info.get('format')}, this script reads {FORMAT}: dump it again")
     lengths = npz["validation/lengths"]
     validation = np.split(npz["validation/ids"].astype(np.int64), np.cumsum(lengths)[:-1])
-    corpus = train.CorpusInfo(data_dir=info["data_dir"], seq_len=info["seq_len"], vocab_size=info["vocab_size"],
+    corpus = CorpusInfo(data_dir=info["data_dir"], seq_len=info["seq_len"], vocab_size=info["vocab_size"],
                               vocab_sha256=info["vocab_sha256"], units=tuple(info["units"]))
     steps = min(args.steps or info["steps"], info["steps"])
     os.makedirs(args.output, exist_ok=True)
@@ -243,9 +243,6 @@ def run(args) -> None:
         for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
             record = score_checkpoint(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), validation,
                                       info, args.positions)
-            os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-            _write_text(os.path.join(workdir, "eval", f"perplexity-validation-step{step}.json"),
-                        json.dumps(record, indent=2) + "\n")
             records.append(record)
             print(f"{scheme:<13} step {step:>6} perplexity {record['perplexity']:9.3f}", flush=True)
         checkpoints.drop_states(workdir)
@@ -255,7 +252,8 @@ def run(args) -> None:
                   flush=True)
         summary["runs"][scheme] = {"train_s": round(trained, 1), "score_s": round(time.time() - started - trained, 1),
                                    "packed_bytes": size, "perplexity": {r["step"]: r["perplexity"] for r in records}}
-        _write_text(os.path.join(args.output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+        with storage.atomic_file(os.path.join(args.output, "summary.json")) as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
         print(f"{scheme}: trained {steps} steps in {trained:.0f} s; packed {size / 2**10:.0f} KiB", flush=True)
 
 

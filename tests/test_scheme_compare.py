@@ -59,13 +59,13 @@ def test_the_file_decodes_to_the_tasks_batches_exactly(dumped):
     _, data, out = dumped
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import scheme_compare
-    from pmi_jax import train
+    from pmi_jax import batches
 
     npz = np.load(out)
     info = json.loads(npz["info"].tobytes())
     assert info["format"] == scheme_compare.FORMAT and info["schemes"] == SCHEMES
     for scheme in SCHEMES:
-        source = train.TaskBatches(data, scheme, "train", 32, 8, 0)
+        source = batches.TaskBatches(data, scheme, "train", 32, 8, 0)
         expected = [b for _, b in zip(range(4), source.batches(0, 0, 1))]
         decoded = scheme_compare.decode(npz, scheme, 4, 8, 32, info["special_ids"])
         for step, batch in enumerate(expected):
