@@ -19,8 +19,10 @@ profile per category (matmul, attention, scatter, elementwise, optimizer, other)
 whole command fits 9 minutes of a 10-minute machine call); those left out are recorded as
 skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
 
-Imports JAX, Flax, optax and pmi_jax's model and trainer only (no TensorFlow or seqio; each
-record lists any such module found loaded, and the test checks that the list is empty).
+Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
+not installed (the test runs it with them unimportable). Where TensorFlow is installed,
+`pmi_jax.storage` imports it for its file system; each record lists such modules under
+`forbidden_modules`.
 """
 from __future__ import annotations
 
@@ -407,12 +409,15 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> 
 
 
 def _child(variant: Variant, args, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    # The child imports what this process can: the project, then this process's own path (and,
+    # started with -S, no site-packages beyond it).
+    path = [ROOT] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
     if variant.xla_flags:
         env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""), *variant.xla_flags]).strip()
     if args.platform:
         env["JAX_PLATFORMS"] = args.platform
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", json.dumps(dataclasses.asdict(variant)),
+    cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), os.path.abspath(__file__), "--one", json.dumps(dataclasses.asdict(variant)),
            "--steps", str(args.steps), "--timed-s", str(args.timed_s), "--platform", args.platform or ""]
     start = time.perf_counter()
     try:

@@ -210,9 +210,9 @@ def _pack(workdir: str, path: str) -> int:
 def run(args) -> None:
     import jax
 
-    from pmi_jax import checkpoints, train
-    from pmi_jax.config import load_config
-    from pmi_jax.config import apply_overrides
+    from pmi_jax import checkpoints, storage, train
+    from pmi_jax.batches import CorpusInfo
+    from pmi_jax.config import apply_overrides, load_config
 
     npz = np.load(args.batches)
     info = json.loads(npz["info"].tobytes())

@@ -10,36 +10,15 @@ import tarfile
 import numpy as np
 import pytest
 
-from tests import prepared_data
+from tests import no_tensorflow, prepared_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "scheme_compare.py")
 SCHEMES = ["random_token", "random_span", "naive_pmi", "pmi"]
 
-_HIDDEN = ("tensorflow", "tensorflow_text", "seqio")
-
-
 @pytest.fixture(scope="module")
 def no_tensorflow_path(tmp_path_factory):
-    """A copy (of links) of site-packages without TensorFlow, seqio and tensorflow_text, so that a
-    process started with `python -S` and this path finds them absent, as on the lent GPU machine."""
-    import site
-    import sysconfig
-
-    view = tmp_path_factory.mktemp("site_without_tf")
-    for source in {sysconfig.get_paths()["purelib"], *site.getsitepackages()}:
-        for name in os.listdir(source):
-            top = name.split("-")[0].split(".")[0].lower()
-            if top in _HIDDEN or name.startswith(_HIDDEN) or (view / name).exists():
-                continue
-            os.symlink(os.path.join(source, name), view / name)
-    return str(view)
-
-
-def _without_tensorflow(view: str, *argv: str) -> list[str]:
-    code = ("import runpy, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; sys.argv = sys.argv[3:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    return [sys.executable, "-S", "-c", code, ROOT, view, *argv]
+    return no_tensorflow.site_view(str(tmp_path_factory.mktemp("site_without_tf")))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +71,7 @@ def test_run_trains_scores_and_packs_what_compare_reads_without_tensorflow(dumpe
     probe = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [sys.argv[1]]; import tensorflow",
                             no_tensorflow_path], capture_output=True, text=True, timeout=600)
     assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr, probe.stderr
-    proc = subprocess.run(_without_tensorflow(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
+    proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
                                               "--output", str(results), "--runs", str(root / "work"),
                                               "--eval-every", "2", "--positions", "4",
                                               "--set", "train.log_every_steps=1"),
