@@ -286,7 +286,9 @@ def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dic
              f"# BERT pretrained with {scheme or 'an unknown'} masking (pmi-jax)", "",
              "A BERT masked language model pretrained with pmi-jax, a JAX implementation of PMI-Masking "
              "([Levine et al., ICLR 2021](https://arxiv.org/abs/2010.01825)), and exported with "
-             "`pmi-jax export hf`. Uncased: the tokenizer case-folds and strips accents.", "",
+             "`pmi-jax export hf`. " + ("Its tokenizer is the one the corpus was prepared with "
+                                         f"({corpus['tokenizer'].get('model')})." if corpus and "tokenizer" in corpus
+                                         else "Uncased: the tokenizer case-folds and strips accents."), "",
              "```python",
              "from transformers import AutoModelForMaskedLM, AutoTokenizer",
              "path = \".\"  # this directory, or its name on the Hub",

@@ -84,9 +84,10 @@ def test_the_graph_is_read():
     assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
     for module in ("pmi_jax.formats.run_dir", "pmi_jax.batches", "pmi_jax.mlm_loss", "pmi_jax.experiment",
                    "pmi_jax.eval.run_eval", "preprocess.corpus.output_state", "preprocess.vocab.build_vocab",
-                   "preprocess.text.documents", "preprocess.beam.beam_prepare"):
+                   "preprocess.text.documents", "preprocess.beam.beam_prepare", "preprocess.text.hf_tokenizer"):
         assert module in MODULES, module
     assert "pmi_jax.formats.run_dir" in {t for _, t in project_imports("pmi_jax.train")}
+    assert "preprocess.text.hf_tokenizer" in {t for _, t in project_imports("preprocess.corpus.prepare")}
 
 
 def test_no_library_module_of_pmi_jax_imports_preprocess():

@@ -31,12 +31,21 @@ def _add_build(commands) -> None:
         description="Count every word n-gram (n = 1..max-n) of the input documents exactly, score the n-grams "
         "that occur at least --min-count times, and write the best --size of them, split between lengths by "
         "--shares, to DIR: masking_vocab.txt (one n-gram per line), masking_vocab.tsv (with counts and scores) "
-        "and stats.json. Words are BERT's uncased basic-tokenizer words. The output is the same whatever "
-        "--workers and --memory-mb are.")
+        "and stats.json. Words are BERT's uncased basic-tokenizer words, or --tokenizer's. The output is the same "
+        "whatever --workers and --memory-mb are.")
     p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (blank lines between documents; .jsonl with a 'text' field; optionally .gz): "
-                   "paths, globs or directories, local or gs://")
+                   help="text files (blank lines between documents), .jsonl (optionally .gz), .parquet, .arrow, "
+                   "or a directory saved by Hugging Face datasets' save_to_disk: paths, globs or directories, "
+                   "local or gs://")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
+                   "(default %(default)s)")
     p.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="count words as this tokenizer splits them: a Hugging Face tokenizer.json (its normalizer "
+                   "and pre-tokenizer), or a BERT vocab.txt with --cased; give `corpus prepare` the same one "
+                   "(default: BERT's uncased words)")
+    p.add_argument("--cased", action="store_true", help="with --tokenizer VOCAB_TXT: BERT's cased words")
     p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
                    help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
                    "shorter spans; "
@@ -98,7 +107,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
-                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir)
+                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir,
+                           text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
     with storage.write_errors(args.output):
         if args.runner:
             from preprocess.beam import beam_vocab
