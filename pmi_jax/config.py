@@ -29,6 +29,9 @@ SYNTHETIC = "synthetic"  # data.data_dir (--data) of the built-in toy corpus, pm
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+EMBEDDING_GRADS = ("auto", "scatter", "sorted")
+GELUS = ("erf", "tanh")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -73,6 +76,23 @@ class ModelConfig:
     # compiled for CPUs only, "always", or "never" (the plain `jax.random.bernoulli` and
     # reduction everywhere). Compiled for a TPU they cost time and memory (docs/tpu.md).
     xla_cpu_variants: str = "cpu"
+    # Attention kernel when attention dropout is 0 (with dropout the scores, softmax and
+    # dropout are always written out): "cudnn" (cuDNN's fused flash attention, GPUs with
+    # bfloat16 only), "xla" (jax.nn.dot_product_attention's XLA path), or "auto": cudnn in
+    # programs compiled for GPUs where cuDNN applies, xla elsewhere (`pmi_jax.model.for_platform`).
+    attention: str = "auto"
+    # Gradient of the word-embedding lookup: "scatter" (XLA's scatter-add of every token's
+    # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),
+    # or "auto": sorted on GPUs, scatter elsewhere (benchmarks/README.md, "GPU").
+    embedding_grad: str = "auto"
+    # GELU form: "erf" (exact; transformers' BertModel, so exports give the same numbers) or
+    # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
+    # cheaper on some accelerators, but an exported model then computes slightly differently).
+    gelu: str = "erf"
+    # Query, key and value as one matmul against the three kernels concatenated ([D, 3 x D]);
+    # the parameters stay three, so checkpoints and exports are unchanged. XLA does not merge the
+    # three projections by itself on CPU or TPU (checked in the compiled HLO; benchmarks/README.md).
+    fused_qkv: bool = False
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -90,6 +110,21 @@ class ModelConfig:
         if self.max_predictions_per_seq < -1:
             raise UserInputError(f"model.max_predictions_per_seq={self.max_predictions_per_seq}: expected a "
                                  "positive count, 0 (derived from the length) or -1 (every position)")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise UserInputError(f"model.attention={self.attention!r}: expected one of "
+                                 f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        if self.attention == "cudnn" and self.attention_dropout_rate != 0.0:
+            raise UserInputError(f"model.attention=cudnn needs model.attention_dropout_rate=0 (got "
+                                 f"{self.attention_dropout_rate}): the fused kernel has no dropout that follows "
+                                 "the training step's key (docs/gpu.md)")
+        if self.attention == "cudnn" and self.dtype != "bfloat16":
+            raise UserInputError(f"model.attention=cudnn needs model.dtype=bfloat16 (got {self.dtype!r}): "
+                                 "cuDNN's fused attention takes 16-bit inputs only")
+        if self.embedding_grad not in EMBEDDING_GRADS:
+            raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
+                                 f"{', '.join(EMBEDDING_GRADS)}")
+        if self.gelu not in GELUS:
+            raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
         if self.remat not in REMAT_POLICIES:
             raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
 
