@@ -6,9 +6,9 @@ at most 64 MiB of the working tree in, and at most 8 files of 16 MiB out (no che
     # here (TensorFlow): every scheme's exact masked batches and the held-out text, in one compact file
     python benchmarks/scheme_compare.py dump --data corpus/data \
         --schemes random_token random_span naive_pmi pmi --steps 2000 --batch 128 --output batches.npz
-    # on the accelerator, one command: train each scheme, score its checkpoints, pack the results
+    # on the accelerator, one command: train each scheme and seed, score its checkpoints, pack the results
     python benchmarks/scheme_compare.py run --batches batches.npz --config small --output "$OUT" \
-        --eval-every 500 --set model.dtype=bfloat16
+        --seeds 0 1 2 --unit token word pmi --eval-every 500 --set model.dtype=bfloat16
     # back here: unpack and compare
     for f in out/*.tar.gz; do tar -xzf "$f" -C runs/; done
     pmi-jax compare runs/* --output report/
@@ -18,16 +18,21 @@ the trainer's own source) in a form that decodes to the same arrays bit for bit 
 the distinct token sequences once for all schemes (uint16), each scheme's sequence order, its
 masked positions as bits, a 2-bit action per masked position ([MASK], random, unchanged) and
 the random replacements' ids; `input_mask` is `targets != [PAD]`, as MlmFeatureConverter
-defines it. About 3 KB per step of 128 x 128 tokens per scheme before compression. `dump`
+defines it. The held-out sequences come with their `word_ids` and every `units_NAME` as two bits
+per token (a unit starts here; no unit, i.e. a special token), which keep each sequence's
+partition into units exactly (checked when writing: every unit is one contiguous run). About 3 KB per step of 128 x 128 tokens per scheme before compression. `dump`
 refuses to write a file over `--max-mib` and says how many steps fit.
 
-`run` trains one real `pmi_jax.train.train` run per scheme from the file (only the batch source
-differs from `pmi-jax train`), a checkpoint every `--eval-every` steps; scores every checkpoint
-with single-token perplexity on the file's held-out sequences (`pmi_jax.eval.perplexity`,
-written as `pmi-jax eval perplexity` writes it); then deletes the checkpoints' parameters
-(`checkpoints.drop_states`: their metadata stays, which `compare` reads) and packs the run
-directory into OUTPUT/<scheme>.tar.gz, one scheme at a time, so that a command stopped by its
-time limit keeps the schemes it finished. OUTPUT/summary.json lists the perplexities and timings.
+`run` trains one real `pmi_jax.train.train` run per scheme and `--seeds` value (train.seed:
+parameter init and dropout; every seed of a scheme replays the same dumped batches, so data
+order and masks vary only with `dump --seed`), a checkpoint every `--eval-every` steps; scores
+every checkpoint with each `--unit` on the file's held-out sequences through the library's
+`pmi_jax.eval.perplexity.score_report`, written where and as `pmi-jax eval perplexity` writes
+it (per-token NLLs included, so `compare` gives the same seed-aware intervals as for CPU runs);
+then deletes the checkpoints' parameters (`checkpoints.drop_states`: their metadata stays, which
+`compare` reads) and packs the run directories RUNS/<scheme>-seed<N> of each scheme into
+OUTPUT/<scheme>.tar.gz, repacked after each seed, so that a command stopped by its time limit
+keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings.
 """
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 KEYS = ("inputs", "targets", "weights", "input_mask")
-FORMAT = 2
+FORMAT = 3
+TOKEN = "token"
 MAX_OUTPUT_FILE = 16 * 2**20  # what one file brought back from the lent machine may weigh
 
 
@@ -117,6 +123,33 @@ def decode(npz, scheme: str, steps: int, batch: int, seq_len: int, special_ids: 
             "input_mask": (targets != special_ids["pad"]).astype(np.int32).reshape(shape)}
 
 
+def encode_units(units: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sequence unit ids (-1: none) -> two packed bits per token: a unit starts here; no unit.
+
+    Only the partition into units matters to scoring (a unit is named by its first position), so
+    the ids themselves are not kept; the partition is, exactly, when every unit is one contiguous
+    run of tokens (raised otherwise)."""
+    flat_T = np.concatenate(units).astype(np.int64)
+    first_T = np.zeros(len(flat_T), bool)
+    first_T[np.cumsum([0] + [len(u) for u in units[:-1]])] = True
+    starts_T = first_T | np.r_[True, flat_T[1:] != flat_T[:-1]]
+    none_T = flat_T < 0
+    sequence_T = np.cumsum(first_T)
+    distinct = len(np.unique(np.stack([sequence_T, flat_T])[:, ~none_T], axis=1).T)
+    if distinct != int(np.sum(starts_T & ~none_T)):
+        raise ValueError("a unit of the held-out sequences is not one contiguous run of tokens")
+    return np.packbits(starts_T), np.packbits(none_T)
+
+
+def decode_units(npz, unit: str, lengths: np.ndarray) -> list[np.ndarray]:
+    """The per-sequence unit ids of `encode_units`, renumbered (same partition, same -1s)."""
+    n = int(lengths.sum())
+    starts_T = np.unpackbits(npz[f"validation/{unit}/starts"], count=n).astype(bool)
+    none_T = np.unpackbits(npz[f"validation/{unit}/none"], count=n).astype(bool)
+    ids_T = np.where(none_T, -1, np.cumsum(starts_T) - 1)
+    return np.split(ids_T, np.cumsum(lengths)[:-1])
+
+
 def dump(args) -> None:
     from pmi_jax import batches as batch_sources
     from pmi_jax import storage
@@ -140,8 +173,15 @@ def dump(args) -> None:
     validation = list(perplexity.read_sequences(args.data, "validation", args.max_eval_sequences))
     out["validation/lengths"] = np.array([len(s) for s in validation], np.int32)
     out["validation/ids"] = np.concatenate(validation).astype(np.uint16)
+    unit_kinds = [perplexity.WORD, *corpus.units]
+    for unit in unit_kinds:
+        pairs = list(perplexity.read_sequences(args.data, "validation", args.max_eval_sequences, unit=unit))
+        if not all(np.array_equal(ids, v) for (ids, _), v in zip(pairs, validation)):
+            raise ValueError(f"{unit}: the held-out sequences read differently")
+        out[f"validation/{unit}/starts"], out[f"validation/{unit}/none"] = encode_units([u for _, u in pairs])
     info = dataclasses.asdict(corpus) | {"format": FORMAT, "schemes": args.schemes, "steps": args.steps,
-                                         "batch": args.batch, "seed": args.seed, "special_ids": special}
+                                         "batch": args.batch, "seed": args.seed, "special_ids": special,
+                                         "unit_kinds": unit_kinds, "max_eval_sequences": args.max_eval_sequences}
     out["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
     tmp = args.output + ".tmp.npz"
     np.savez_compressed(tmp, **out)
@@ -173,35 +213,34 @@ class ArrayBatches:
 # --------------------------------------------------------------------------------------
 
 
-def score_checkpoint(step_dir: str, validation, info: dict, positions) -> dict:
-    """Single-token perplexity of one checkpoint, computed and recorded as `pmi-jax eval perplexity`
-    does (`pmi_jax.eval.run_eval.perplexity_of_checkpoints`, which reads the held-out text from the
-    prepared corpus with TensorFlow; here it comes from the file)."""
+def score_checkpoint(step_dir: str, held_out: dict, info: dict, args) -> list[dict]:
+    """Every `--unit` perplexity of one checkpoint, computed and written as `pmi-jax eval perplexity
+    --unit U` does (`pmi_jax.eval.run_eval.perplexity_of_checkpoints`, which reads the held-out text
+    from the prepared corpus with TensorFlow; here it comes from the file)."""
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import perplexity
-    from pmi_jax.formats import run_dir
-    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.formats import perplexity_result, run_dir
 
-    special = info["special_ids"]
-    model_config, params, metadata = checkpoints.restore_for_eval(step_dir)
-    result = perplexity.single_token_perplexity(
-        BertForMaskedLM(model_config), params, validation, seq_len=info["seq_len"],
-        special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"], positions=positions)
-    report = {"checkpoint": step_dir, "step": metadata.step, "scheme": metadata.scheme,
-              "data": info["data_dir"], "split": "validation", "positions": str(positions) if positions else "all",
-              "seed": 0, "max_sequences": len(validation), "perplexity": result.perplexity,
-              "mean_nll": result.mean_nll, "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
+    config, params, metadata = checkpoints.restore_for_eval(step_dir)
     run = run_dir.run_dir_of(step_dir)
     storage.gfile.makedirs(run_dir.eval_dir(run))
-    with storage.atomic_file(run_dir.perplexity_result_path(run, "validation", metadata.step)) as f:
-        f.write(json.dumps(report, indent=2) + "\n")
-    return report
+    reports = []
+    for unit in args.unit:
+        report = perplexity.score_report(
+            config, params, metadata, step_dir, held_out[unit], seq_len=info["seq_len"],
+            special_ids=info["special_ids"], data_dir=info["data_dir"], split="validation", unit=unit,
+            positions=args.positions, seed=args.score_seed, max_sequences=info["max_eval_sequences"],
+            batch_size=args.score_batch, spacing=args.spacing)
+        perplexity_result.write(run_dir.perplexity_result_path(run, "validation", metadata.step, unit), report)
+        reports.append(report)
+    return reports
 
 
-def _pack(workdir: str, path: str) -> int:
+def _pack(workdirs: list[str], path: str) -> int:
     tmp = path + ".tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(workdir, arcname=os.path.basename(workdir))
+        for workdir in workdirs:
+            tar.add(workdir, arcname=os.path.basename(workdir))
     size = os.path.getsize(tmp)
     os.replace(tmp, path)
     return size
@@ -213,48 +252,67 @@ def run(args) -> None:
     from pmi_jax import checkpoints, storage, train
     from pmi_jax.batches import CorpusInfo
     from pmi_jax.config import apply_overrides, load_config
+    from pmi_jax.errors import UserInputError
 
     npz = np.load(args.batches)
     info = json.loads(npz["info"].tobytes())
     if info.get("format") != FORMAT:
-        raise SystemExit(f"{args.batches}: format {info.get('format')}, this script reads {FORMAT}: dump it again")
+        raise UserInputError(f"{args.batches}: format {info.get('format')}, this script reads {FORMAT}: dump it again")
+    args.unit = args.unit or [TOKEN, *info["unit_kinds"]]
+    for unit in args.unit:
+        if unit != TOKEN and unit not in info["unit_kinds"]:
+            raise UserInputError(f"--unit {unit}: {args.batches} holds no such unit (choices: "
+                                 + ", ".join([TOKEN, *info["unit_kinds"]]) + ")")
     lengths = npz["validation/lengths"]
     validation = np.split(npz["validation/ids"].astype(np.int64), np.cumsum(lengths)[:-1])
+    held_out = {unit: validation if unit == TOKEN else list(zip(validation, decode_units(npz, unit, lengths)))
+                for unit in args.unit}
     corpus = CorpusInfo(data_dir=info["data_dir"], seq_len=info["seq_len"], vocab_size=info["vocab_size"],
-                              vocab_sha256=info["vocab_sha256"], units=tuple(info["units"]))
+                        vocab_sha256=info["vocab_sha256"], units=tuple(info["units"]))
     steps = min(args.steps or info["steps"], info["steps"])
     os.makedirs(args.output, exist_ok=True)
     runs_dir = args.runs or tempfile.mkdtemp(prefix="scheme_compare_")
     summary = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(), "jax": jax.__version__,
-               "config": args.config, "steps": steps, "batch": info["batch"], "overrides": args.set, "runs": {}}
-    schemes = args.schemes or info["schemes"]
-    for scheme in schemes:
-        workdir = os.path.abspath(os.path.join(runs_dir, scheme))
+               "config": args.config, "steps": steps, "batch": info["batch"], "data_seed": info["seed"],
+               "units": args.unit, "positions": args.positions, "overrides": args.set, "runs": {}}
+    for scheme in args.schemes or info["schemes"]:
         arrays = decode(npz, scheme, info["steps"], info["batch"], info["seq_len"], info["special_ids"])
-        config = apply_overrides(load_config(args.config), [
-            f"model.vocab_size={info['vocab_size']}", f"data.seq_len={info['seq_len']}", f"data.scheme={scheme}",
-            f"data.data_dir={info['data_dir']}", f"train.batch_size={info['batch']}", f"data.seed={info['seed']}",
-            f"train.num_steps={steps}", f"checkpoint.every_steps={args.eval_every}",
-            f"checkpoint.keep={steps // args.eval_every + 1}", *args.set])
-        started = time.time()
-        train.train(config, workdir, ArrayBatches(arrays), corpus)
-        trained = time.time() - started
-        records = []
-        for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
-            record = score_checkpoint(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), validation,
-                                      info, args.positions)
-            records.append(record)
-            print(f"{scheme:<13} step {step:>6} perplexity {record['perplexity']:9.3f}", flush=True)
-        checkpoints.drop_states(workdir)
-        size = _pack(workdir, os.path.join(args.output, f"{scheme}.tar.gz"))
-        if size > MAX_OUTPUT_FILE:
-            print(f"warning: {scheme}.tar.gz is {size / 2**20:.1f} MiB, over the 16 MiB a file may bring back",
-                  flush=True)
-        summary["runs"][scheme] = {"train_s": round(trained, 1), "score_s": round(time.time() - started - trained, 1),
-                                   "packed_bytes": size, "perplexity": {r["step"]: r["perplexity"] for r in records}}
-        with storage.atomic_file(os.path.join(args.output, "summary.json")) as f:
-            f.write(json.dumps(summary, indent=2) + "\n")
-        print(f"{scheme}: trained {steps} steps in {trained:.0f} s; packed {size / 2**10:.0f} KiB", flush=True)
+        workdirs = []
+        for seed in args.seeds:
+            workdir = os.path.abspath(os.path.join(runs_dir, f"{scheme}-seed{seed}"))
+            config = apply_overrides(load_config(args.config), [
+                f"model.vocab_size={info['vocab_size']}", f"data.seq_len={info['seq_len']}", f"data.scheme={scheme}",
+                f"data.data_dir={info['data_dir']}", f"train.batch_size={info['batch']}", f"data.seed={info['seed']}",
+                f"train.seed={seed}", f"train.num_steps={steps}", f"checkpoint.every_steps={args.eval_every}",
+                f"checkpoint.keep={steps // args.eval_every + 1}", *args.set])
+            started = time.time()
+            train.train(config, workdir, ArrayBatches(arrays), corpus)
+            trained = time.time() - started
+            perplexities = {unit: {} for unit in args.unit}
+            for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
+                for r in score_checkpoint(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), held_out,
+                                          info, args):
+                    perplexities[r["unit"]][step] = r["perplexity"]
+                    print(f"{scheme:<13} seed {seed} step {step:>6} {r['unit']:<8} perplexity {r['perplexity']:9.3f} "
+                          f"({r['num_tokens']} tokens)", flush=True)
+            checkpoints.drop_states(workdir)
+            workdirs.append(workdir)
+            size = _pack(workdirs, os.path.join(args.output, f"{scheme}.tar.gz"))
+            if size > MAX_OUTPUT_FILE:
+                print(f"warning: {scheme}.tar.gz is {size / 2**20:.1f} MiB, over the 16 MiB a file may bring back "
+                      "(fewer --positions or --unit kinds make it smaller)", flush=True)
+            summary["runs"].setdefault(scheme, {})[str(seed)] = {
+                "train_s": round(trained, 1), "score_s": round(time.time() - started - trained, 1),
+                "perplexity": perplexities}
+            summary["runs"][scheme]["packed_bytes"] = size
+            with storage.atomic_file(os.path.join(args.output, "summary.json")) as f:
+                f.write(json.dumps(summary, indent=2) + "\n")
+            print(f"{scheme} seed {seed}: trained {steps} steps in {trained:.0f} s; {scheme}.tar.gz "
+                  f"{size / 2**10:.0f} KiB", flush=True)
+
+
+def _positions(value: str) -> int | None:
+    return None if value == "all" else int(value)
 
 
 def main(argv=None) -> None:
@@ -278,7 +336,16 @@ def main(argv=None) -> None:
     p.add_argument("--schemes", nargs="*", default=None, help="a subset of the dumped schemes (default: all)")
     p.add_argument("--steps", type=int, default=None, help="train fewer steps than dumped")
     p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--positions", type=int, default=8, help="masked positions scored per held-out sequence")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="train.seed of each run of a scheme (init and dropout; batches and masks are the dump's)")
+    p.add_argument("--unit", nargs="+", default=None,
+                   help="unit kinds scored, as for pmi-jax eval perplexity --unit (default: token, word and every "
+                        "unit set in the file)")
+    p.add_argument("--positions", type=_positions, default=8,
+                   help="units scored per held-out sequence, drawn from --score-seed alone, or 'all'")
+    p.add_argument("--score-seed", type=int, default=0, help="the seed that draws the scored units")
+    p.add_argument("--score-batch", type=int, default=64, help="masked copies per scoring forward pass")
+    p.add_argument("--spacing", type=int, default=0, help="as for pmi-jax eval perplexity --spacing")
     p.add_argument("--set", action="append", default=[], help="config override, as for pmi-jax train")
     p.set_defaults(func=run)
     args = parser.parse_args(argv)

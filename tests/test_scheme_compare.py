@@ -1,6 +1,8 @@
 """benchmarks/scheme_compare.py: the compact batch file decodes to the seqio tasks' exact batches, and
 `run` (with TensorFlow made unimportable, as on the lent GPU machine) trains, scores and packs
-results that `pmi-jax compare` reads, within the machine's limits on files brought back."""
+results that `pmi-jax compare` reads (per-token unit perplexities of several training seeds, so
+its tables carry seed-aware intervals), within the machine's limits on files brought back."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,7 +12,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from tests import no_tensorflow, prepared_data
+from pmi_jax.model import BertForMaskedLM
+from tests import eval_data, no_tensorflow, prepared_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "scheme_compare.py")
@@ -56,6 +59,58 @@ def test_the_file_decodes_to_the_tasks_batches_exactly(dumped):
     assert all(f"{s}/index" in npz or f"{s}/index_of" in npz for s in SCHEMES)
 
 
+def _partition(units_T):
+    """Each unit's positions, in order of first position; special tokens (-1) left out."""
+    return [tuple(np.flatnonzero(units_T == u)) for u in dict.fromkeys(units_T[units_T >= 0].tolist())]
+
+
+def test_the_held_out_words_and_units_decode_to_the_corpus_partition(dumped):
+    _, data, out = dumped
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import scheme_compare
+    from pmi_jax.eval import perplexity
+
+    npz = np.load(out)
+    info = json.loads(npz["info"].tobytes())
+    special = info["special_ids"]
+    config = dataclasses.replace(eval_data.tiny_config(), vocab_size=info["vocab_size"])
+    bert, params = BertForMaskedLM(config), eval_data.mlm_params(config, seed=1)
+    assert info["unit_kinds"][0] == "word" and sorted(info["unit_kinds"][1:]) == ["naive_pmi", "pmi"]
+    lengths = npz["validation/lengths"]
+    for unit in info["unit_kinds"]:
+        expected = list(perplexity.read_sequences(data, "validation", info["max_eval_sequences"], unit=unit))
+        decoded = scheme_compare.decode_units(npz, unit, lengths)
+        assert len(decoded) == len(expected) > 0
+        for (ids, units), got in zip(expected, decoded):
+            assert len(got) == len(ids)
+            np.testing.assert_array_equal(got < 0, units < 0, err_msg=unit)
+            assert _partition(got) == _partition(units), unit
+        # Units of several tokens exist, so the test can tell a partition from one unit per token.
+        assert any(len(p) > 1 for units in decoded for p in _partition(units)), unit
+        # Two bits per token: the file stays compact.
+        assert npz[f"validation/{unit}/starts"].nbytes == (lengths.sum() + 7) // 8
+        # A model scores the file's units exactly as it scores the corpus's (`eval perplexity --unit`).
+        validation = np.split(npz["validation/ids"].astype(np.int64), np.cumsum(lengths)[:-1])
+        from_file, from_corpus = (
+            perplexity.unit_perplexity(bert, params, pairs, seq_len=32, special_ids=list(special.values()),
+                                       mask_id=special["mask"], pad_id=special["pad"], positions=3, seed=5)
+            for pairs in (list(zip(validation, decoded)), expected))
+        assert from_file.scores.digest() == from_corpus.scores.digest()
+        np.testing.assert_array_equal(from_file.scores.nll_N, from_corpus.scores.nll_N)
+        assert from_file.num_units == from_corpus.num_units < from_file.num_tokens
+
+
+def test_units_that_are_not_contiguous_are_refused():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import scheme_compare
+
+    with pytest.raises(ValueError, match="contiguous"):
+        scheme_compare.encode_units([np.array([-1, 0, 1, 0, -1])])
+    starts, none = scheme_compare.encode_units([np.array([-1, 3, 3, 7, -1]), np.array([-1, 7, 7, -1])])
+    assert np.unpackbits(starts, count=9).tolist() == [1, 1, 0, 1, 1, 1, 1, 0, 1]
+    assert np.unpackbits(none, count=9).tolist() == [1, 0, 0, 0, 1, 1, 0, 0, 1]
+
+
 def test_a_file_over_the_size_limit_is_refused_with_the_steps_that_fit(dumped):
     root, data, _ = dumped
     out = str(root / "big.npz")
@@ -65,14 +120,16 @@ def test_a_file_over_the_size_limit_is_refused_with_the_steps_that_fit(dumped):
     assert proc.returncode == 2 and "about 0 steps fit" in proc.stderr and not os.path.exists(out), proc.stderr
 
 
-def test_run_trains_scores_and_packs_what_compare_reads_without_tensorflow(dumped, no_tensorflow_path):
+def test_run_trains_seeds_scores_units_and_packs_what_compare_reads_without_tensorflow(dumped, no_tensorflow_path):
     root, _, out = dumped
     results = root / "out"
     probe = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path[:0] = [sys.argv[1]]; import tensorflow",
                             no_tensorflow_path], capture_output=True, text=True, timeout=600)
     assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr, probe.stderr
+    units = ["token", "word", "pmi"]
     proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
                                               "--output", str(results), "--runs", str(root / "work"),
+                                              "--seeds", "0", "1", "--unit", *units,
                                               "--eval-every", "2", "--positions", "4",
                                               "--set", "train.log_every_steps=1"),
                           capture_output=True, text=True, timeout=2400)
@@ -83,19 +140,55 @@ def test_run_trains_scores_and_packs_what_compare_reads_without_tensorflow(dumpe
     runs = root / "unpacked"
     for scheme in SCHEMES:
         with tarfile.open(results / f"{scheme}.tar.gz") as tar:
+            assert sorted({m.name.split("/")[0] for m in tar.getmembers()}) == [f"{scheme}-seed0", f"{scheme}-seed1"]
             tar.extractall(runs)
     from pmi_jax.compare import runs as compare_runs
 
-    for scheme in SCHEMES:
-        run = compare_runs.read_run(str(runs / scheme))
-        assert run.scheme == scheme and run.last_step == 4
-        assert sorted(run.perplexity["validation"]) == [2, 4]
-        assert all(r["num_tokens"] > 0 and np.isfinite(r["perplexity"]) for r in run.perplexity["validation"].values())
+    names = [f"{s}-seed{seed}" for s in SCHEMES for seed in (0, 1)]
+    read = {name: compare_runs.read_run(str(runs / name)) for name in names}
+    for name, run in read.items():
+        assert run.scheme == name.rsplit("-", 1)[0] and run.last_step == 4
+        assert run.train_seed == int(name[-1])
+        assert sorted(run.perplexity) == sorted(("validation", u) for u in units)
+        for unit in units:
+            results_by_step = run.perplexity[("validation", unit)]
+            assert sorted(results_by_step) == [2, 4]
+            for r in results_by_step.values():
+                assert r["num_tokens"] > 0 and np.isfinite(r["perplexity"])
+                assert len(r["scores"]["nll"]) == r["num_tokens"]
+                np.testing.assert_allclose(np.exp(np.mean(r["scores"]["nll"])), r["perplexity"], rtol=1e-5)
+                assert r["interval"]["mean_nll"][0] <= r["mean_nll"] <= r["interval"]["mean_nll"][1]
         assert sorted(run.training) == [1, 2, 3, 4]
-        assert not any((runs / scheme / "checkpoints" / str(s) / "state").exists() for s in (2, 4))
+        assert not any((runs / name / "checkpoints" / str(s) / "state").exists() for s in (2, 4))
+    for unit in units:
+        # Every run is scored on the same tokens (units drawn from the scoring seed alone) ...
+        assert len({r.perplexity[("validation", unit)][4]["scored_set"] for r in read.values()}) == 1
+    # ... units widen what is masked: the pmi unit kind scores units of several tokens.
+    pmi = read["pmi-seed0"].perplexity[("validation", "pmi")][4]
+    assert pmi["num_units"] < pmi["num_tokens"]
+    # The two seeds of a scheme are different runs (train.seed varies init and dropout).
+    first = read["pmi-seed0"].perplexity[("validation", "token")][4]["scores"]["nll"]
+    second = read["pmi-seed1"].perplexity[("validation", "token")][4]["scores"]["nll"]
+    assert not np.array_equal(first, second)
     summary = json.load(open(results / "summary.json"))
     assert sorted(summary["runs"]) == sorted(SCHEMES)
-    report = subprocess.run([sys.executable, "-c", "import sys; from pmi_jax.cli import main; sys.exit(main())", "compare", *[str(runs / s) for s in SCHEMES],
-                             "--output", str(root / "report")], capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert all(sorted(k for k in v if k != "packed_bytes") == ["0", "1"] for v in summary["runs"].values())
+    report_dir = root / "report"
+    report = subprocess.run([sys.executable, "-c", "import sys; from pmi_jax.cli import main; sys.exit(main())",
+                             "compare", *[str(runs / n) for n in names], "--output", str(report_dir)],
+                            capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=ROOT))
     assert report.returncode == 0, report.stdout + report.stderr
+    text = "\n".join(open(report_dir / f).read() for f in os.listdir(report_dir) if f.endswith(".md"))
+    assert "(seed-aware)" in text, text
+    assert "no paired interval" not in text and "no interval could be computed" not in text, text
+    assert "rerun `pmi-jax eval perplexity`" not in text, text
+    for unit in units:
+        assert unit in text
+
+
+def test_run_refuses_a_unit_the_file_does_not_hold(dumped, no_tensorflow_path):
+    root, _, out = dumped
+    proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
+                                              "--output", str(root / "refused"), "--unit", "frequency"),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 2 and "--unit frequency" in proc.stderr and "naive_pmi" in proc.stderr, proc.stderr

@@ -273,8 +273,7 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
     """Score one checkpoint with one unit kind: the `eval perplexity` result, as
     `pmi_jax.formats.perplexity_result` writes it (per-token scores and a 95% interval over the
     scored sequences included)."""
-    from pmi_jax import checkpoints, intervals
-    from pmi_jax.formats import perplexity_result
+    from pmi_jax import checkpoints
 
     config, params, metadata = checkpoints.restore_for_eval(path)
     data_dir = data_dir or metadata.data_dir
@@ -282,10 +281,24 @@ def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: st
         raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
     corpus = open_corpus_for(data_dir, config, metadata, path)
     check_unit(unit, corpus)
-    special = corpus.special_ids
+    return score_report(config, params, metadata, path, read_sequences(data_dir, split, max_sequences, unit=unit),
+                        seq_len=corpus.seq_len, special_ids=corpus.special_ids, data_dir=data_dir, split=split,
+                        unit=unit, positions=positions, seed=seed, max_sequences=max_sequences,
+                        batch_size=batch_size, spacing=spacing)
+
+
+def score_report(config, params, metadata, path: str, sequences: Iterable, *, seq_len: int, special_ids: dict,
+                 data_dir: str, split: str, unit: str, positions: int | None, seed: int,
+                 max_sequences: int | None, batch_size: int, spacing: int = 0) -> dict:
+    """One restored checkpoint scored on `sequences` (as `read_sequences` yields them for `unit`):
+    the `eval perplexity` result. Callers that read the held-out text elsewhere (the GPU recipe,
+    benchmarks/scheme_compare.py, has no TensorFlow) share this, so their files are the same."""
+    from pmi_jax import intervals
+    from pmi_jax.formats import perplexity_result
+
     result = unit_perplexity(
-        BertForMaskedLM(config), params, read_sequences(data_dir, split, max_sequences, unit=unit),
-        seq_len=corpus.seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
+        BertForMaskedLM(config), params, sequences, seq_len=seq_len, special_ids=list(special_ids.values()),
+        mask_id=special_ids["mask"], pad_id=special_ids["pad"],
         positions=positions, seed=seed, batch_size=batch_size, spacing=spacing)
     s = result.scores
     _, sums_S, counts_S = intervals.per_sequence(s.sequence_N, s.nll_N)
