@@ -34,7 +34,7 @@ import logging
 import os
 import re
 
-from pmi_jax.config import ModelConfig
+from pmi_jax.config import MASK_RATE, ModelConfig
 
 # Dense bf16 peak per chip/GPU, FLOP/s, from the vendors' data sheets.
 # Matched in order against jax's `device_kind` (lower-cased).
@@ -50,10 +50,11 @@ PEAK_BF16_FLOPS = (
 )
 
 
-def training_flops_per_token(config: ModelConfig, seq_len: int) -> float:
-    """Matmul FLOPs of forward + backward per token; see the module docstring."""
+def training_flops_per_token(config: ModelConfig, seq_len: int, mask_rate: float = MASK_RATE) -> float:
+    """Matmul FLOPs of forward + backward per token; see the module docstring. `mask_rate`: the
+    highest masking rate of the run, which sets how many positions the head gathers."""
     d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers
-    head_share = config.predictions(seq_len) / seq_len
+    head_share = config.predictions(seq_len, mask_rate) / seq_len
     return 6.0 * (n * (4 * d * d + 2 * d * f) + (d * d + d * v) * head_share) + 12.0 * n * seq_len * d
 
 
@@ -75,8 +76,9 @@ def mfu(flops_per_token: float, tokens_per_second: float, num_devices: int, peak
 class MetricWriter:
     """Scalars to stdout, TensorBoard and `metrics.jsonl`, from process 0 only.
 
-    The JSON-lines file is the machine-readable record (one object per logged step); a
-    resumed run appends to it, so a step logged twice keeps its last value when read.
+    The JSON-lines file is the machine-readable record (one object per write: the training
+    scalars of a logged step, the validation scalars of a validated step); a resumed run
+    appends to it, so a scalar logged twice for a step keeps its last value when read.
     TensorBoard's event files are written through TensorFlow; where it is not installed (a
     JAX-only accelerator image training from pre-masked batches) the run still logs to
     stdout and `metrics.jsonl` on local disk, and says once that it writes no event files.
@@ -151,7 +153,8 @@ def _format(name: str, value: float) -> str:
 
 
 def read_metrics(logdir: str) -> dict[int, dict]:
-    """step -> the last record logged for it (a resumed run re-logs the steps it redid)."""
+    """step -> every scalar logged for it, one dict (training and validation are separate lines;
+    a resumed run re-logs the steps it redid, and the last value of a scalar wins)."""
     import tensorflow as tf
 
     path = logdir.rstrip("/") + "/metrics.jsonl"
@@ -159,5 +162,5 @@ def read_metrics(logdir: str) -> dict[int, dict]:
     with tf.io.gfile.GFile(path) as f:
         for line in f:
             record = json.loads(line)
-            records[record["step"]] = record
+            records.setdefault(record["step"], {}).update(record)
     return records

@@ -27,12 +27,14 @@ import numpy as np
 import optax
 
 from pmi_jax import checkpoints, metrics, partitioning, paths
-from pmi_jax.config import ExperimentConfig, to_dict
+from pmi_jax.config import MASK_RATE_UNIT, ExperimentConfig, mask_rate_units, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM, for_platform
 from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+from pmi_jax.progress import Progress
 
 BATCH_KEYS = ("inputs", "targets", "weights", "input_mask")
+VALIDATION_SPLIT = "validation"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -53,6 +55,11 @@ class BatchSource(Protocol):
     def batches(self, start_step: int, shard_index: int, num_shards: int) -> Iterator[dict[str, np.ndarray]]:
         ...
 
+    def validation_batches(self, count: int, shard_index: int, num_shards: int) -> list[dict[str, np.ndarray]]:
+        """This host's rows of `count` fixed held-out batches, the same on every call and for
+        every run with the same data seed and corpus (validation during training)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class CorpusInfo:
@@ -65,13 +72,17 @@ class CorpusInfo:
     units: tuple[str, ...]
 
 
-def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
-    """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
+def read_corpus_info(data_dir: str, scheme: str, split: str, validation: bool = False) -> CorpusInfo:
+    """Validate that the corpus can feed `scheme` on `split`, and on its validation split when
+    `validation` (pmi_jax.tasks does the checks)."""
     from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
 
     corpus = tasks.PreparedCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
+    if validation and VALIDATION_SPLIT not in corpus.splits:
+        raise UserInputError(f"--data {data_dir}: no {VALIDATION_SPLIT} split to validate on during training "
+                             "(prepare the corpus with --validation-fraction above 0, or set train.eval_every_steps=0)")
     return CorpusInfo(data_dir=paths.absolute(data_dir), seq_len=corpus.seq_len,
                       vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
 
@@ -86,14 +97,39 @@ class TaskBatches:
     seq_len: int
     batch_size: int  # global
     seed: int
+    # The masking rate (DataConfig's fields of the same names) and the steps it is scheduled over.
+    mask_rate: float = 0.15
+    mask_rate_schedule: str = "constant"
+    mask_rate_end: float = 0.15
+    num_steps: int = 1
+    eval_mask_rate: float = 0.15
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> "TaskBatches":
+        data = config.data
+        return cls(data.data_dir, data.scheme, data.split, data.seq_len, config.train.batch_size, data.seed,
+                   data.mask_rate, data.mask_rate_schedule, data.mask_rate_end, config.train.num_steps,
+                   data.eval_mask_rate)
 
     def batches(self, start_step, shard_index, num_shards):
-        from pmi_jax import tasks
+        from pmi_jax import masking, tasks
 
+        rate = masking.MaskRate(self.mask_rate, self.mask_rate_end, self.mask_rate_schedule, self.num_steps)
         dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
-                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step)
+                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step,
+                                    mask_rate=rate)
         for batch in dataset.as_numpy_iterator():
             yield {k: batch[k] for k in BATCH_KEYS}
+
+    def validation_batches(self, count, shard_index, num_shards):
+        """The first `count` batches of the validation split in file order (no shuffling), masked
+        at `eval_mask_rate` with the data seed; past the split's end the next epoch's masks follow."""
+        from pmi_jax import masking, tasks
+
+        dataset = tasks.get_dataset(self.data_dir, self.scheme, VALIDATION_SPLIT, self.seq_len,
+                                    self.batch_size // num_shards, self.seed, shard_index, num_shards,
+                                    shuffle=False, mask_rate=masking.MaskRate(self.eval_mask_rate))
+        return [{k: batch[k] for k in BATCH_KEYS} for batch in dataset.take(count).as_numpy_iterator()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +139,10 @@ class SyntheticBatches:
     Each sequence draws its words uniformly from one of `num_topics` random sets of
     `topic_size` words. Without context a masked word is one of all the words; a model that
     reads the rest of the sequence narrows it to the topic, so the loss has somewhere to
-    fall: from log(words) towards log(topic_size). 15% of the words are selected,
-    80/10/10 [MASK]/random/unchanged, and a random tail of each sequence is padding. The
-    batch of a step is a function of (seed, step) only, generated globally, sliced per host.
+    fall: from log(words) towards log(topic_size). `mask_rate` of the words are selected
+    (15% by default; a constant rate), 80/10/10 [MASK]/random/unchanged, and a random tail of
+    each sequence is padding. The batch of a step is a function of (seed, step) only, generated
+    globally, sliced per host; validation batches come from a stream of their own.
     """
 
     vocab_size: int
@@ -119,13 +156,14 @@ class SyntheticBatches:
     sep_id: int = 3
     mask_id: int = 4
     first_word_id: int = 5
+    mask_rate: float = 0.15
 
-    def global_batch(self, step: int) -> dict[str, np.ndarray]:
+    def global_batch(self, step: int, stream: int = 1) -> dict[str, np.ndarray]:
         words = self.vocab_size - self.first_word_id
         topic_rng = np.random.default_rng([self.seed, 0])
         topics_TxS = np.stack([topic_rng.choice(words, self.topic_size, replace=False)
                                for _ in range(self.num_topics)])
-        rng = np.random.default_rng([self.seed, 1, step])
+        rng = np.random.default_rng([self.seed, stream, step])
         b, n = self.batch_size, self.seq_len
         topic_B = rng.integers(0, self.num_topics, size=b)
         tokens = topics_TxS[topic_B[:, None], rng.integers(0, self.topic_size, size=(b, n - 2))]
@@ -136,15 +174,15 @@ class SyntheticBatches:
         targets = np.where(real, targets, self.pad_id)
         targets[np.arange(b), lengths - 1] = self.sep_id
         maskable = real & (targets >= self.first_word_id)
-        # Each word is selected with probability 15%, within the masking budget of real
-        # pretraining (floor(15%) of the maskable tokens, pmi_jax.masking): the first
+        # Each word is selected with probability `mask_rate`, within the masking budget of real
+        # pretraining (floor(rate) of the maskable tokens, pmi_jax.masking): the first
         # selected words in a random order are kept, so no row exceeds max_predictions.
         draw = rng.random((b, n))
-        budget_B = np.maximum(1, (15 * maskable.sum(axis=1)) // 100)
+        budget_B = np.maximum(1, (mask_rate_units(self.mask_rate) * maskable.sum(axis=1)) // MASK_RATE_UNIT)
         order = np.argsort(np.where(maskable, draw, 2.0), axis=1, kind="stable")
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(b, 0), axis=1)
-        selected = maskable & (draw < 0.15) & (rank < budget_B[:, None])
+        selected = maskable & (draw < self.mask_rate) & (rank < budget_B[:, None])
         action = rng.random((b, n))
         random_ids = rng.integers(self.first_word_id, self.vocab_size, size=(b, n))
         inputs = np.where(selected & (action < 0.8), self.mask_id,
@@ -159,6 +197,11 @@ class SyntheticBatches:
             batch = self.global_batch(step)
             yield {k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in batch.items()}
             step += 1
+
+    def validation_batches(self, count, shard_index, num_shards):
+        rows = self.batch_size // num_shards
+        return [{k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in self.global_batch(i, stream=2).items()}
+                for i in range(count)]
 
 
 # --------------------------------------------------------------------------------------
@@ -234,17 +277,17 @@ def masked_positions(weights_BxL, num: int):
 
 def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: int) -> None:
     """UserInputError if a sequence has more masked positions than the MLM head gathers."""
-    limit = config.model.predictions(config.data.seq_len)
+    limit = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
     most = int(np.max(np.count_nonzero(weights_BxL, axis=1), initial=0))
     if most > limit:
         raise UserInputError(
             f"the batch of step {step} has a sequence with {most} masked positions, more than the MLM head's "
             f"{limit} (model.max_predictions_per_seq={config.model.max_predictions_per_seq}); the masking budget "
-            "is floor(15%) of the tokens, so this data was masked otherwise: raise model.max_predictions_per_seq "
-            "or set it to -1 (every position)")
+            f"is floor({config.data.highest_mask_rate:g}) of the tokens, so this data was masked otherwise: raise "
+            "model.max_predictions_per_seq or set it to -1 (every position)")
 
 
-def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
+def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool, num_predictions: int | None = None):
     """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
 
     The MLM head runs on the masked positions only, gathered (`masked_positions`), unless the
@@ -254,9 +297,10 @@ def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
     exactly the full-batch means and no pass over the gradients is needed to normalise them.
     Accuracy compares the target's logit with the maximum over the vocabulary, both of which
     the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
+    `num_predictions`: positions gathered per sequence (default: the model config's at 15%).
     """
     targets_BxL, weights_BxL = batch["targets"], batch["weights"]
-    num = model.config.predictions(targets_BxL.shape[1])
+    num = num_predictions or model.config.predictions(targets_BxL.shape[1])
     positions_BxP = None
     if num < targets_BxL.shape[1]:
         positions_BxP, weights_BxL = masked_positions(weights_BxL, num)
@@ -273,8 +317,10 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
     """(state, batch) -> (state, metrics); pure, to be jitted with shardings."""
     accum = config.optimizer.grad_accum_steps
     schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
+    num_predictions = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
     grad_fn = jax.value_and_grad(
-        lambda p, b, r, d: mlm_loss_terms(model, p, b, r, d, deterministic=False), has_aux=True)
+        lambda p, b, r, d: mlm_loss_terms(model, p, b, r, d, deterministic=False, num_predictions=num_predictions),
+        has_aux=True)
     micro_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, partitioning.BATCH_AXES))
 
     def to_micro_batches(x_BxL):
@@ -312,6 +358,19 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
     return train_step
 
 
+def make_validation_step(model, config: ExperimentConfig) -> Callable:
+    """(params, batch) -> (summed loss, summed correct, masked tokens) of one batch, no dropout:
+    sums, so that validation over several batches is the mean over all their masked tokens."""
+    num_predictions = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
+
+    def validation_step(params, batch):
+        loss, correct = mlm_loss_terms(model, params, batch, jax.random.key(0), 1.0, deterministic=True,
+                                       num_predictions=num_predictions)
+        return loss, correct, jnp.sum(batch["weights"])
+
+    return validation_step
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
     """The sharded, jitted pieces of training for one config on one mesh."""
@@ -320,6 +379,7 @@ class Program:
     shardings: TrainState  # a NamedSharding per leaf
     init: Callable[[], TrainState]
     step: Callable[[TrainState, dict], tuple[TrainState, dict]]  # donates its state argument
+    validate: Callable[[Any, dict], tuple]  # (params, batch) -> sums, `make_validation_step`
 
     def restore_target(self) -> dict:
         """What Orbax restores into: the state's shapes, dtypes and shardings."""
@@ -337,7 +397,10 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
     step = jax.jit(make_train_step(model, tx, config, mesh),
                    in_shardings=(shardings, partitioning.batch_sharding(mesh)),
                    out_shardings=(shardings, partitioning.replicated(mesh)), donate_argnums=0)
-    return Program(abstract, shardings, init, step)
+    validate = jax.jit(make_validation_step(model, config),
+                       in_shardings=(shardings.params, partitioning.batch_sharding(mesh)),
+                       out_shardings=partitioning.replicated(mesh))
+    return Program(abstract, shardings, init, step, validate)
 
 
 # --------------------------------------------------------------------------------------
@@ -346,9 +409,11 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
 
 
 def validate(config: ExperimentConfig, mesh) -> None:
-    for name in ("batch_size", "num_steps", "log_every_steps"):
+    for name in ("batch_size", "num_steps", "log_every_steps", "eval_batches"):
         if getattr(config.train, name) < 1:
             raise UserInputError(f"train.{name}={getattr(config.train, name)}: must be at least 1")
+    if config.train.eval_every_steps < 0:
+        raise UserInputError(f"train.eval_every_steps={config.train.eval_every_steps}: must be >= 0 (0: no validation)")
     batch, accum = config.train.batch_size, config.optimizer.grad_accum_steps
     split = partitioning.batch_axis_size(mesh)
     if accum < 1 or batch % accum:
@@ -417,7 +482,8 @@ class _MetricsLog:
         self.pending: list[tuple[int, dict]] = []
         self.sequences_per_step = config.train.batch_size
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
-        self.flops_per_token = metrics.training_flops_per_token(config.model, config.data.seq_len)
+        self.flops_per_token = metrics.training_flops_per_token(config.model, config.data.seq_len,
+                                                                config.data.highest_mask_rate)
         self.num_devices = num_devices
         self.peak = peak
         self.clock: tuple[int, float] | None = None  # (step, time) of the last synchronisation
@@ -427,6 +493,15 @@ class _MetricsLog:
 
     def start_clock(self, step: int) -> None:
         self.clock = (step, time.perf_counter())
+
+    def pause(self, seconds: float) -> None:
+        """Leave `seconds` (validation) out of the next throughput figures."""
+        if self.clock is not None:
+            self.clock = (self.clock[0], self.clock[1] + seconds)
+
+    def write_validation(self, step: int, loss: float, accuracy: float, seconds: float) -> None:
+        self.writer.write(step, {"validation_loss": loss, "validation_accuracy": accuracy,
+                                 "validation_seconds": seconds})
 
     def flush(self) -> None:
         """Fetch pending metrics, stop on a non-finite loss, write the interval means."""
@@ -482,7 +557,7 @@ def device_peak(config: ExperimentConfig) -> float | None:
 
 
 def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
-          devices=None, initial_params=None) -> RunResult:
+          devices=None, initial_params=None, progress: bool = False) -> RunResult:
     """Train up to `train.num_steps`, resuming from the latest checkpoint in `workdir`.
 
     `initial_params` (host arrays shaped like the model's params, e.g. a transformers
@@ -490,7 +565,8 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     run that starts at step 0; the optimizer state starts fresh. A resumed run ignores them.
     `devices` defaults to every device of every process. Raises UserInputError (before
     compiling anything) for a mesh or batch size that does not fit the devices, or a workdir
-    holding another model; NonFiniteLoss on a NaN/inf loss.
+    holding another model; NonFiniteLoss on a NaN/inf loss. `progress`: draw a progress line
+    on stderr (`pmi_jax.progress`; the CLI asks for it when stderr is a terminal).
     """
     mesh = partitioning.make_mesh(config.mesh, devices)
     validate(config, mesh)
@@ -523,11 +599,15 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
 
         writer = metrics.MetricWriter(logdir, enabled=is_main)
         log = _MetricsLog(writer, config, mesh.devices.size, device_peak(config))
+        bar = Progress(config.train.num_steps, config.train.batch_size * config.data.seq_len,
+                       enabled=progress and is_main)
+        validation = _Validation.build(config, source, mesh, program) if config.train.eval_every_steps else None
         preemption = _Preemption()
         try:
             result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
-                           corpus)
+                           corpus, validation, bar)
         finally:
+            bar.close()
             preemption.restore()
             checkpointer.wait()
             checkpointer.close()
@@ -547,13 +627,45 @@ def place_params(params, shardings):
                         params, shardings)
 
 
-def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus) -> RunResult:
+@dataclasses.dataclass
+class _Validation:
+    """The fixed validation batches, on the devices, and the jitted step that scores them."""
+
+    batches: list[dict]  # global arrays
+    step: Callable
+
+    @classmethod
+    def build(cls, config: ExperimentConfig, source: BatchSource, mesh, program: Program) -> "_Validation":
+        global_batch = config.train.batch_size
+        start, stop = partitioning.host_batch_rows(mesh, global_batch)
+        local = source.validation_batches(config.train.eval_batches, start // (stop - start),
+                                          global_batch // (stop - start))
+        if not local:
+            raise UserInputError(f"--data {config.data.data_dir}: the validation split holds no full batch of "
+                                 f"{global_batch} sequences (set train.eval_every_steps=0 to train without validation)")
+        for batch in local:
+            check_predictions(batch["weights"], config, 0)
+        return cls([partitioning.global_batch_from_host(b, mesh, global_batch) for b in local], program.validate)
+
+    def due(self, config: ExperimentConfig, step: int) -> bool:
+        return step % config.train.eval_every_steps == 0 or step == config.train.num_steps
+
+    def run(self, params) -> tuple[float, float]:
+        """(loss, accuracy): means over every masked token of the batches."""
+        sums = [self.step(params, batch) for batch in self.batches]
+        loss, correct, tokens = (float(np.sum(np.asarray(jax.device_get(x), np.float64))) for x in zip(*sums))
+        return loss / max(tokens, 1.0), correct / max(tokens, 1.0)
+
+
+def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus,
+          validation: _Validation | None, bar: Progress) -> RunResult:
     global_batch = config.train.batch_size
     start, stop = partitioning.host_batch_rows(mesh, global_batch)
     batches = source.batches(start_step, start // (stop - start), global_batch // (stop - start))
     num_steps = config.train.num_steps
 
     def save(step):
+        bar.clear()
         log.flush()  # raises on a non-finite loss: a bad state is never saved
         checkpointer.save(step, state.as_dict(), checkpoint_metadata(config, corpus, step))
 
@@ -571,8 +683,18 @@ def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, p
         if step == start_step + 1:  # the first step compiled: time from here on
             jax.block_until_ready(step_metrics)
             log.start_clock(step)
+            bar.start(step)
+        bar.update(step)
         if step % config.train.log_every_steps == 0 or step == num_steps:
+            bar.clear()
             log.flush()
+        if validation is not None and validation.due(config, step):
+            began = time.perf_counter()
+            loss, accuracy = validation.run(state.params)
+            seconds = time.perf_counter() - began
+            log.pause(seconds)
+            bar.clear()
+            log.write_validation(step, loss, accuracy, seconds)
         if preemption.reached(step):
             save(step)
             logging.warning("preempted: saved checkpoint at step %d", step)

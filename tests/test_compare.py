@@ -34,7 +34,8 @@ def _png_size(path: str) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, seed: int = 0) -> str:
+def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, seed: int = 0, data: dict = {},
+              validation: bool = False) -> str:
     """A run as `pmi-jax train` leaves it: checkpoints with the run's config, and metrics.jsonl."""
     from pmi_jax import metrics
     from pmi_jax.checkpoints import Checkpointer
@@ -42,7 +43,7 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
     from pmi_jax.train import TENSORBOARD_DIR, checkpoint_metadata
 
     model = dataclasses.replace(eval_data.tiny_config(), vocab_size=len(prepared_data.vocabulary()))
-    config = ExperimentConfig(model=model, data=DataConfig(data_dir=data_dir, scheme=scheme, seq_len=32),
+    config = ExperimentConfig(model=model, data=DataConfig(data_dir=data_dir, scheme=scheme, seq_len=32, **data),
                               train=TrainConfig(batch_size=batch_size, num_steps=STEPS[-1]))
     checkpointer = Checkpointer(workdir, CheckpointConfig())
     for i, step in enumerate(STEPS):
@@ -53,6 +54,9 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
     writer = metrics.MetricWriter(os.path.join(workdir, TENSORBOARD_DIR), enabled=True)
     for step in range(1, STEPS[-1] + 1):
         writer.write(step, {"loss": 5.0 - 0.3 * step - 0.1 * seed, "accuracy": 0.01 * step})
+        if validation and step % 2 == 0:  # as the trainer writes it: a line of its own
+            writer.write(step, {"validation_loss": 5.5 - 0.2 * step, "validation_accuracy": 0.01 * step,
+                                "validation_seconds": 0.5})
     writer.close()
     return workdir
 
@@ -159,3 +163,25 @@ def test_unreadable_metrics_line_is_an_input_error(runs, tmp_path, capsys):
         f.write("not json\n")
     assert main(["compare", copy, runs["pmi"], "--output", str(tmp_path / "r")]) == 2
     assert "metrics.jsonl:5: not a metrics line" in capsys.readouterr().err
+
+
+def test_validation_loss_and_the_masking_rate_join_the_comparison(runs, tmp_path, capsys):
+    data_dir = os.path.join(os.path.dirname(runs["token"]), "data")
+    rate30 = _make_run(str(tmp_path / "rate30"), data_dir, "pmi", data={"mask_rate": 0.3}, validation=True)
+    decay = _make_run(str(tmp_path / "decay"), data_dir, "whole_word", validation=True, data={
+        "mask_rate": 0.3, "mask_rate_schedule": "linear", "mask_rate_end": 0.15})
+    output = str(tmp_path / "report")
+    assert main(["compare", runs["token"], rate30, decay, "--output", output]) == 0
+    with open(os.path.join(output, "report.md")) as f:
+        report = f.read()
+    assert "| rate30 | pmi | 0.3 |" in report and "| decay | whole_word | 0.3 → 0.15 linear |" in report
+    assert "| token | random_token | 0.15 |" in report
+    assert "rate30 (pmi): data.mask_rate = 0.3, but token (random_token) has 0.15" in report
+    assert "decay (whole_word): data.mask_rate_schedule = 'linear', but token (random_token) has 'constant'" in report
+    width, height = _png_size(os.path.join(output, "validation_loss.png"))
+    assert width > 300 and height > 200 and "![validation_loss.png](validation_loss.png)" in report
+    from pmi_jax.compare.runs import read_run
+
+    run = read_run(rate30)
+    assert run.training[2]["loss"] == pytest.approx(4.4) and run.training[2]["validation_loss"] == pytest.approx(5.1)
+    assert "validation_loss" not in run.training[3]

@@ -109,3 +109,10 @@ def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
         "bad.py:5 imports preprocess.build_vocab"]
+
+
+def test_the_progress_line_imports_nothing_of_the_project():
+    """pmi_jax/progress.py draws a line from numbers it is given: the trainer uses it, it uses nothing."""
+    assert "pmi_jax.progress" in {t for _, t in project_imports("pmi_jax.train")}
+    bad = _violations(["pmi_jax.progress"], lambda m, target: False)
+    assert not bad, "pmi_jax/progress.py imports project modules:\n" + "\n".join(bad)

@@ -4,6 +4,7 @@ One config per scale; every scheme is trained with the same config and seed, cho
 `--scheme`:
     demo    a tiny BERT on the demo corpus, CPU, minutes (`python3 dev.py demo` runs two schemes)
     paper   BERT-base with the paper's Table 5 hyper-parameters, six schemes on one corpus
+    rate30  `demo` at a 30% masking rate (data.mask_rate=0.3), validated at 15%
 """
 # The schemes of the paper's comparison (Levine et al. 2021, Tables 1-4), in its order.
 PAPER_SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")

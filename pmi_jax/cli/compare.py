@@ -19,7 +19,8 @@ def add_parser(subparsers) -> None:
                     "`eval finetune` results (eval/<task>-<protocol>-step<N>/results.json), and writes "
                     "REPORT_DIR/report.md: single-token perplexity and each fine-tuning score per scheme at "
                     "equal pretraining steps, the best per column in bold, runs that differ in anything but the "
-                    "scheme flagged; and PNG plots: mlm_loss.png, perplexity.png, one <task>-<protocol>.png per "
+                    "scheme flagged (the masking rate included); and PNG plots: mlm_loss.png, "
+                    "validation_loss.png (validation during training), perplexity.png, one <task>-<protocol>.png per "
                     "fine-tuning task (score against pretraining step, one line per scheme).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run directories (`pmi-jax train --workdir`)")
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     runs = [read_run(path) for path in args.runs]
     tables = [t for t in [report.perplexity_table(runs)] if t] + report.finetune_tables(runs)
     with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
-        names = [n for n in [plots.mlm_loss(runs, tmp), plots.perplexity(runs, tmp)] if n]
+        names = [n for n in [plots.mlm_loss(runs, tmp), plots.validation_loss(runs, tmp), plots.perplexity(runs, tmp)]
+                 if n]
         names += plots.downstream(runs, tmp)
         with storage.atomic_file(storage.join(tmp, "report.md")) as f:
             f.write(report.markdown(runs, tables, names))

@@ -24,7 +24,11 @@ PERPLEXITY_PREFIX = "perplexity-"
 # is learned except the masking scheme (model, corpus, batch, steps, schedule, seeds).
 COMPARED_SECTIONS = ("model", "optimizer")
 COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"), ("data", "seed"),
-                   ("train", "batch_size"), ("train", "num_steps"), ("train", "seed"))
+                   ("data", "mask_rate"), ("data", "mask_rate_schedule"), ("data", "mask_rate_end"),
+                   ("data", "eval_mask_rate"), ("train", "batch_size"), ("train", "num_steps"), ("train", "seed"))
+# What runs saved before a field existed trained with (the masking rate was always 15%).
+FIELD_DEFAULTS = {("data", "mask_rate"): 0.15, ("data", "mask_rate_schedule"): "constant",
+                  ("data", "mask_rate_end"): 0.15, ("data", "eval_mask_rate"): 0.15}
 
 
 @dataclasses.dataclass
@@ -45,8 +49,16 @@ class Run:
             for key, value in sorted(self.config.get(section, {}).items()):
                 out[f"{section}.{key}"] = value
         for section, key in COMPARED_FIELDS:
-            out[f"{section}.{key}"] = self.config.get(section, {}).get(key)
+            out[f"{section}.{key}"] = self.config.get(section, {}).get(key, FIELD_DEFAULTS.get((section, key)))
         return out
+
+    def mask_rate(self) -> str:
+        """The training masking rate as the run table shows it: '0.15', or '0.3 → 0.15 linear'."""
+        settings = self.settings()
+        start, schedule = settings["data.mask_rate"], settings["data.mask_rate_schedule"]
+        if schedule == "constant":
+            return f"{start:g}"
+        return f"{start:g} → {settings['data.mask_rate_end']:g} {schedule}"
 
 
 def _read_json(path: str):
@@ -67,7 +79,9 @@ def _training_metrics(path: str) -> dict[int, dict]:
                 continue
             try:
                 row = json.loads(line)
-                rows[int(row["step"])] = row  # a resumed run rewrites steps: the last write wins
+                # Training and validation scalars of a step are separate lines; a resumed run
+                # rewrites steps: the last write of each scalar wins.
+                rows.setdefault(int(row["step"]), {}).update(row)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 raise UserInputError(f"{path}:{number}: not a metrics line (JSON with a step)") from None
     return rows
