@@ -50,7 +50,7 @@ def measure(config, steps: int) -> tuple[float, float, float]:
         program = train.build_program(config, mesh)
         state = program.init()
         batch = partitioning.global_batch_from_host(source.global_batch(0), mesh, config.train.batch_size)
-        held_out = partitioning.global_batch_from_host(source.validation_batches(1, 0, 1)[0], mesh,
+        held_out = partitioning.global_batch_from_host(source.validation_batches(1, config.train.batch_size, 0, 1)[0], mesh,
                                                        config.train.batch_size)
         _, compile_s = _timed(program.validate, state.params, held_out)
         _timed(program.validate, state.params, held_out)

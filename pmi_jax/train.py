@@ -55,9 +55,11 @@ class BatchSource(Protocol):
     def batches(self, start_step: int, shard_index: int, num_shards: int) -> Iterator[dict[str, np.ndarray]]:
         ...
 
-    def validation_batches(self, count: int, shard_index: int, num_shards: int) -> list[dict[str, np.ndarray]]:
-        """This host's rows of `count` fixed held-out batches, the same on every call and for
-        every run with the same data seed and corpus (validation during training)."""
+    def validation_batches(self, count: int, batch_size: int, shard_index: int,
+                           num_shards: int) -> list[dict[str, np.ndarray]]:
+        """This host's rows of `count` fixed held-out batches of `batch_size` sequences (global),
+        the same on every call and for every run with the same data seed and corpus (validation
+        during training)."""
         ...
 
 
@@ -121,13 +123,13 @@ class TaskBatches:
         for batch in dataset.as_numpy_iterator():
             yield {k: batch[k] for k in BATCH_KEYS}
 
-    def validation_batches(self, count, shard_index, num_shards):
+    def validation_batches(self, count, batch_size, shard_index, num_shards):
         """The first `count` batches of the validation split in file order (no shuffling), masked
         at `eval_mask_rate` with the data seed; past the split's end the next epoch's masks follow."""
         from pmi_jax import masking, tasks
 
         dataset = tasks.get_dataset(self.data_dir, self.scheme, VALIDATION_SPLIT, self.seq_len,
-                                    self.batch_size // num_shards, self.seed, shard_index, num_shards,
+                                    batch_size // num_shards, self.seed, shard_index, num_shards,
                                     shuffle=False, mask_rate=masking.MaskRate(self.eval_mask_rate))
         return [{k: batch[k] for k in BATCH_KEYS} for batch in dataset.take(count).as_numpy_iterator()]
 
@@ -198,9 +200,9 @@ class SyntheticBatches:
             yield {k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in batch.items()}
             step += 1
 
-    def validation_batches(self, count, shard_index, num_shards):
-        rows = self.batch_size // num_shards
-        return [{k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in self.global_batch(i, stream=2).items()}
+    def validation_batches(self, count, batch_size, shard_index, num_shards):
+        rows, held_out = batch_size // num_shards, dataclasses.replace(self, batch_size=batch_size)
+        return [{k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in held_out.global_batch(i, 2).items()}
                 for i in range(count)]
 
 
@@ -636,16 +638,15 @@ class _Validation:
 
     @classmethod
     def build(cls, config: ExperimentConfig, source: BatchSource, mesh, program: Program) -> "_Validation":
-        global_batch = config.train.batch_size
-        start, stop = partitioning.host_batch_rows(mesh, global_batch)
-        local = source.validation_batches(config.train.eval_batches, start // (stop - start),
-                                          global_batch // (stop - start))
-        if not local:
-            raise UserInputError(f"--data {config.data.data_dir}: the validation split holds no full batch of "
-                                 f"{global_batch} sequences (set train.eval_every_steps=0 to train without validation)")
-        for batch in local:
-            check_predictions(batch["weights"], config, 0)
-        return cls([partitioning.global_batch_from_host(b, mesh, global_batch) for b in local], program.validate)
+        """Batches of the micro-batch size (train.batch_size / optimizer.grad_accum_steps): what
+        fits a training step's memory fits a validation forward pass."""
+        batch = config.train.batch_size // config.optimizer.grad_accum_steps
+        start, stop = partitioning.host_batch_rows(mesh, batch)
+        local = source.validation_batches(config.train.eval_batches, batch, start // (stop - start),
+                                          batch // (stop - start))
+        for rows in local:
+            check_predictions(rows["weights"], config, 0)
+        return cls([partitioning.global_batch_from_host(rows, mesh, batch) for rows in local], program.validate)
 
     def due(self, config: ExperimentConfig, step: int) -> bool:
         return step % config.train.eval_every_steps == 0 or step == config.train.num_steps

@@ -19,7 +19,8 @@ import pytest
 from pmi_jax.progress import Progress, duration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["-m", "pmi_jax.cli", "train", "--config", "tiny", "--data", "synthetic",
+TRAIN = ["-c", "import sys; from pmi_jax.cli import main; sys.exit(main(sys.argv[1:]))",
+         "train", "--config", "tiny", "--data", "synthetic",
          "--set", "model.vocab_size=128", "--set", "model.hidden_size=32", "--set", "model.num_heads=2",
          "--set", "model.intermediate_size=64", "--set", "model.num_layers=1", "--set", "data.seq_len=32",
          "--set", "model.max_position_embeddings=32", "--set", "train.batch_size=8", "--set", "train.num_steps=8",

@@ -518,7 +518,7 @@ def test_validation_is_the_mlm_loss_of_the_fixed_batches_at_its_steps(reference)
 
     config = _config(*REFERENCE)
     source = _source(config)
-    first, again = source.validation_batches(2, 0, 1), source.validation_batches(2, 0, 1)
+    first, again = source.validation_batches(2, 16, 0, 1), source.validation_batches(2, 16, 0, 1)
     for a, b in zip(first, again, strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])  # the same masks every time
@@ -561,15 +561,15 @@ def test_training_validation_masks_at_the_fixed_rate_whatever_the_training_rate(
     def source(**rates):
         return train.TaskBatches(demo_prepared_corpus, "pmi", "train", 64, 16, seed=3, num_steps=10, **rates)
 
-    fixed = source().validation_batches(3, 0, 1)
+    fixed = source().validation_batches(3, 16, 0, 1)
     for other in (source(mask_rate=0.4), source(mask_rate=0.3, mask_rate_schedule="linear", mask_rate_end=0.15)):
-        for a, b in zip(fixed, other.validation_batches(3, 0, 1), strict=True):
+        for a, b in zip(fixed, other.validation_batches(3, 16, 0, 1), strict=True):
             for k in a:
                 np.testing.assert_array_equal(a[k], b[k])
     selected = sum(b["weights"].sum() for b in fixed)
     real = sum((b["input_mask"].sum(axis=1) - 2).sum() for b in fixed)  # at least [CLS] and [SEP] are special
     assert 0.13 < selected / real <= 0.15
-    at_30 = source(eval_mask_rate=0.3).validation_batches(1, 0, 1)[0]["weights"].sum()
+    at_30 = source(eval_mask_rate=0.3).validation_batches(1, 16, 0, 1)[0]["weights"].sum()
     assert at_30 > 1.8 * fixed[0]["weights"].sum()
 
 
