@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 
 from pmi_jax import partitioning, train  # noqa: E402
-from pmi_jax.cli.train import load_config  # noqa: E402
-from pmi_jax.config import TrainConfig, apply_overrides  # noqa: E402
+from pmi_jax.config import TrainConfig, apply_overrides, load_config  # noqa: E402
 
 VOCAB_SIZE = 30_522
 

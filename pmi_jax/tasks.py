@@ -66,7 +66,7 @@ _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
 _FOREVER = 2**62
 
 
-class PreparedCorpus(prepared_corpus.PreparedCorpus):
+class TaskCorpus(prepared_corpus.PreparedCorpus):
     """A prepared data directory, opened and checked by its format's reader, with the seqio
     vocabulary and the masking-scheme checks that training adds."""
 
@@ -80,20 +80,13 @@ class PreparedCorpus(prepared_corpus.PreparedCorpus):
         return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names]
 
     def check_scheme(self, scheme: str) -> None:
-        if scheme not in masking.SCHEMES:
-            raise UserInputError(f"--scheme {scheme}: unknown; choose one of {', '.join(masking.SCHEMES)}")
-        if scheme not in self.schemes:
+        """The corpus holds the units `scheme` reads. (Whether `scheme` is a scheme at all is checked
+        where it is given: `DataConfig`, or the `data` command's parser.)"""
+        if scheme in masking.PREPARED_UNIT_FEATURES and scheme not in self.unit_names:
             prepared = ", ".join(self.unit_names) or "none"
             raise UserInputError(
                 f"--scheme {scheme}: {self.data_dir} was prepared without a '{scheme}' masking vocabulary "
                 f"(no units_{scheme} feature; prepared unit vocabularies: {prepared})"
-            )
-
-    def check_seq_len(self, seq_len: int | None) -> None:
-        if seq_len is not None and seq_len < self.seq_len:
-            raise UserInputError(
-                f"sequence length {seq_len}: {self.data_dir} holds sequences of up to {self.seq_len} tokens; "
-                f"prepare the corpus with --seq-len {seq_len} to train on shorter ones"
             )
 
     @staticmethod
@@ -124,7 +117,7 @@ class PreparedCorpusSource(seqio.DataSource):
 
     def __init__(
         self,
-        corpus: PreparedCorpus,
+        corpus: TaskCorpus,
         unit_names: Sequence[str],
         *,
         shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
@@ -253,7 +246,7 @@ def mask_examples(
     sequence_length: Mapping[str, int] | None = None,
     *,
     scheme: str,
-    corpus: PreparedCorpus,
+    corpus: TaskCorpus,
     mask_rate: masking.MaskRate = masking.MaskRate(),
     first_example: int = 0,
 ) -> tf.data.Dataset:
@@ -265,7 +258,7 @@ def mask_examples(
     (first_example + i) // mask_rate.examples_per_step.
     """
     if sequence_length:
-        corpus.check_seq_len(sequence_length.get("inputs"))
+        corpus.training_seq_len(sequence_length.get("inputs"))
     unit_names = corpus.unit_names_for(scheme)
     mask_id = corpus.special_ids["mask"]
     regular_ids = corpus.regular_ids
@@ -316,7 +309,7 @@ class MlmTask(seqio.Task):
         )
 
 
-def output_features(corpus: PreparedCorpus) -> dict[str, seqio.Feature]:
+def output_features(corpus: TaskCorpus) -> dict[str, seqio.Feature]:
     vocab = corpus.vocabulary
     return {
         "inputs": seqio.Feature(vocab, add_eos=False),
@@ -326,7 +319,7 @@ def output_features(corpus: PreparedCorpus) -> dict[str, seqio.Feature]:
     }
 
 
-def make_task(name: str, corpus: PreparedCorpus, scheme: str, *,
+def make_task(name: str, corpus: TaskCorpus, scheme: str, *,
               mask_rate: masking.MaskRate = masking.MaskRate(), **source_options) -> MlmTask:
     """The (unregistered) seqio Task of `scheme` over `corpus`, masking at `mask_rate`."""
     corpus.check_scheme(scheme)
@@ -349,7 +342,7 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
     rate = masking.MaskRate(start=mask_rate)
     if not _TASK_NAME.match(name):
         raise UserInputError(f"task name {name!r}: use letters, digits, '_', '.' and ':' only")
-    corpus = PreparedCorpus(data_dir)
+    corpus = TaskCorpus(data_dir)
     schemes = corpus.schemes if schemes is None else list(schemes)
     for scheme in schemes:
         corpus.check_scheme(scheme)
@@ -397,9 +390,8 @@ def get_dataset(
         raise UserInputError(f"shard {shard_index} of {num_shards}: need 0 <= shard_index < num_shards")
     if start_step < 0:
         raise UserInputError(f"start step {start_step}: must be >= 0")
-    corpus = PreparedCorpus(data_dir)
-    seq_len = seq_len or corpus.seq_len
-    corpus.check_seq_len(seq_len)
+    corpus = TaskCorpus(data_dir)
+    seq_len = corpus.training_seq_len(seq_len)
     corpus.files(split)
     mask_rate = dataclasses.replace(mask_rate, examples_per_step=batch_size)
     task = make_task(f"{scheme}_input", corpus, scheme, mask_rate=mask_rate, shuffle_buffer_size=shuffle_buffer_size,

@@ -49,18 +49,16 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
         yield features[prepared_corpus.INPUT_IDS]
 
 
-def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint: str):
+def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):
     """The prepared corpus at `data_dir`, checked against the model that will score it.
 
-    Its vocab.txt must be the one the checkpoint recorded (sha256) and have the model's
-    vocab_size; its sequences must fit the model's position embeddings.
+    Its vocab.txt must be the one the checkpoint recorded (`metadata`, a CheckpointMetadata)
+    and have the model's vocab_size; its sequences must fit the model's position embeddings.
     """
-    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+    from pmi_jax.formats import prepared_corpus, run_dir
 
     corpus = prepared_corpus.PreparedCorpus(data_dir)
-    wordpiece_vocab.check_matches_checkpoint(
-        f"--data {data_dir}: its vocab.txt", sha256=corpus.vocab_sha256, size=corpus.vocab_size,
-        expected_sha256=vocab_sha256, vocab_size=config.vocab_size, checkpoint=checkpoint)
+    run_dir.vocabulary_for(metadata, checkpoint, config.vocab_size, data_dir=data_dir, flag="--data")
     if corpus.seq_len > config.max_position_embeddings:
         raise UserInputError(f"--data {data_dir}: sequences of {corpus.seq_len} tokens, the model takes at most "
                              f"{config.max_position_embeddings}")
