@@ -419,7 +419,7 @@ def masked_at(corpus_dir, prepared, masked):
             return masked(scheme)
         key = (corpus_dir, scheme, rate)
         if key not in _CACHE:
-            task = tasks.make_task(f"test_{scheme}_{rate}", tasks.PreparedCorpus(corpus_dir), scheme,
+            task = tasks.make_task(f"test_{scheme}_{rate}", tasks.TaskCorpus(corpus_dir), scheme,
                                    mask_rate=masking.MaskRate(rate))
             examples = []
             for batch in task.get_dataset(None, "train", shuffle=False, seed=0).batch(512).as_numpy_iterator():
