@@ -52,6 +52,7 @@ import seqio
 import tensorflow as tf
 
 from pmi_jax import masking, randomness
+from pmi_jax.config import check_scheme
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
@@ -80,8 +81,9 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
         return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names]
 
     def check_scheme(self, scheme: str) -> None:
-        """The corpus holds the units `scheme` reads. (Whether `scheme` is a scheme at all is checked
-        where it is given: `DataConfig`, or the `data` command's parser.)"""
+        """`scheme` is a scheme (config.check_scheme, the one rule, for callers that built no
+        DataConfig: register_corpus, get_dataset) and the corpus holds the units it reads."""
+        check_scheme(scheme, "scheme")
         if scheme in masking.PREPARED_UNIT_FEATURES and scheme not in self.unit_names:
             prepared = ", ".join(self.unit_names) or "none"
             raise UserInputError(

@@ -75,6 +75,9 @@ class CheckpointMetadata:
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
+    def __contains__(self, key: str) -> bool:
+        return key in {f.name for f in dataclasses.fields(self)}
+
     def get(self, key: str, default: Any = None) -> Any:
         value = getattr(self, key, None)
         return default if value is None else value
