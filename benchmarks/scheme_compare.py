@@ -18,7 +18,8 @@ the trainer's own source) in a form that decodes to the same arrays bit for bit 
 the distinct token sequences once for all schemes (uint16), each scheme's sequence order, its
 masked positions as bits, a 2-bit action per masked position ([MASK], random, unchanged) and
 the random replacements' ids; `input_mask` is `targets != [PAD]`, as MlmFeatureConverter
-defines it. The held-out sequences come with their `word_ids` and every `units_NAME` as two bits
+defines it. Each scheme's `--eval-batches` validation batches (what `pmi-jax train` validates
+on, `train.eval_every_steps`) are stored the same way, under `<scheme>.validation`. The held-out sequences come with their `word_ids` and every `units_NAME` as two bits
 per token (a unit starts here; no unit, i.e. a special token), which keep each sequence's
 partition into units exactly (checked when writing: every unit is one contiguous run). About 3 KB per step of 128 x 128 tokens per scheme before compression. `dump`
 refuses to write a file over `--max-mib` and says how many steps fit.
@@ -52,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = ("inputs", "targets", "weights", "input_mask")
 FORMAT = 3
 TOKEN = "token"
+VALIDATION = ".validation"  # the name suffix of a scheme's validation batches in the file
 MAX_OUTPUT_FILE = 16 * 2**20  # what one file brought back from the lent machine may weigh
 
 
@@ -161,13 +163,16 @@ def dump(args) -> None:
     special = wordpiece_vocab.special_ids(tokens)
     batches = {}
     for scheme in args.schemes:
-        corpus = batch_sources.read_corpus_info(args.data, scheme, "train")
+        corpus = batch_sources.read_corpus_info(args.data, scheme, "train", validation=bool(args.eval_batches))
         source = batch_sources.TaskBatches(args.data, scheme, "train", corpus.seq_len, args.batch, args.seed)
         rows = {k: [] for k in KEYS}
         for _, batch in zip(range(args.steps), source.batches(0, 0, 1)):
             for k in KEYS:
                 rows[k].append(batch[k])
         batches[scheme] = {k: np.stack(v) for k, v in rows.items()}  # [S, B, L]
+        if args.eval_batches:  # the trainer's validation batches (train.eval_every_steps), stored alike
+            held = source.validation_batches(args.eval_batches, args.batch, 0, 1)
+            batches[scheme + VALIDATION] = {k: np.stack([b[k] for b in held]) for k in KEYS}
         print(f"{scheme}: {args.steps} steps x {args.batch} sequences", flush=True)
     out = encode(batches, special)
     validation = list(perplexity.read_sequences(args.data, "validation", args.max_eval_sequences))
@@ -181,7 +186,8 @@ def dump(args) -> None:
         out[f"validation/{unit}/starts"], out[f"validation/{unit}/none"] = encode_units([u for _, u in pairs])
     info = dataclasses.asdict(corpus) | {"format": FORMAT, "schemes": args.schemes, "steps": args.steps,
                                          "batch": args.batch, "seed": args.seed, "special_ids": special,
-                                         "unit_kinds": unit_kinds, "max_eval_sequences": args.max_eval_sequences}
+                                         "unit_kinds": unit_kinds, "max_eval_sequences": args.max_eval_sequences,
+                                         "eval_batches": args.eval_batches}
     out["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
     tmp = args.output + ".tmp.npz"
     np.savez_compressed(tmp, **out)
@@ -201,11 +207,23 @@ class ArrayBatches:
     """A BatchSource replaying dumped batches: step s is exactly what the seqio task gave at step s."""
 
     arrays: dict  # key -> [S, B, L]
+    validation: dict | None = None  # key -> [eval_batches, B, L]: TaskBatches.validation_batches, dumped
 
     def batches(self, start_step, shard_index, num_shards):
         rows = self.arrays["inputs"].shape[1] // num_shards
         for step in range(start_step, self.arrays["inputs"].shape[0]):
             yield {k: v[step, shard_index * rows:(shard_index + 1) * rows] for k, v in self.arrays.items()}
+
+    def validation_batches(self, count, batch_size, shard_index, num_shards):
+        from pmi_jax.errors import UserInputError
+
+        stored = (0, 0) if self.validation is None else self.validation["inputs"].shape[:2]
+        if count > stored[0] or batch_size != stored[1]:
+            raise UserInputError(f"validation during training wants {count} batches of {batch_size}; the file holds "
+                                 f"{stored[0]} of {stored[1]} (dump --eval-batches, or --set train.eval_every_steps=0)")
+        rows = batch_size // num_shards
+        return [{k: v[i, shard_index * rows:(shard_index + 1) * rows] for k, v in self.validation.items()}
+                for i in range(count)]
 
 
 # --------------------------------------------------------------------------------------
@@ -277,6 +295,10 @@ def run(args) -> None:
                "units": args.unit, "positions": args.positions, "overrides": args.set, "runs": {}}
     for scheme in args.schemes or info["schemes"]:
         arrays = decode(npz, scheme, info["steps"], info["batch"], info["seq_len"], info["special_ids"])
+        validation_arrays = (decode(npz, scheme + VALIDATION, info["eval_batches"], info["batch"], info["seq_len"],
+                                    info["special_ids"]) if info["eval_batches"] else None)
+        in_training = ([f"train.eval_batches={info['eval_batches']}"] if info["eval_batches"]
+                       else ["train.eval_every_steps=0"])
         workdirs = []
         for seed in args.seeds:
             workdir = os.path.abspath(os.path.join(runs_dir, f"{scheme}-seed{seed}"))
@@ -284,9 +306,9 @@ def run(args) -> None:
                 f"model.vocab_size={info['vocab_size']}", f"data.seq_len={info['seq_len']}", f"data.scheme={scheme}",
                 f"data.data_dir={info['data_dir']}", f"train.batch_size={info['batch']}", f"data.seed={info['seed']}",
                 f"train.seed={seed}", f"train.num_steps={steps}", f"checkpoint.every_steps={args.eval_every}",
-                f"checkpoint.keep={steps // args.eval_every + 1}", *args.set])
+                f"checkpoint.keep={steps // args.eval_every + 1}", *in_training, *args.set])
             started = time.time()
-            train.train(config, workdir, ArrayBatches(arrays), corpus)
+            train.train(config, workdir, ArrayBatches(arrays, validation_arrays), corpus)
             trained = time.time() - started
             perplexities = {unit: {} for unit in args.unit}
             for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
@@ -324,7 +346,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-eval-sequences", type=int, default=400)
+    p.add_argument("--max-eval-sequences", type=int, default=400, help="held-out sequences scored by `run`")
+    p.add_argument("--eval-batches", type=int, default=20,
+                   help="validation batches for the trainer's validation during training (train.eval_batches; 0: none)")
     p.add_argument("--max-mib", type=float, default=60.0, help="refuse a file larger than this (MiB)")
     p.add_argument("--output", required=True)
     p.set_defaults(func=dump)

@@ -32,7 +32,7 @@ def dumped(tmp_path_factory):
                                         unit_names=("pmi", "naive_pmi"))
     out = str(root / "batches.npz")
     proc = subprocess.run([sys.executable, SCRIPT, "dump", "--data", data, "--schemes", *SCHEMES, "--steps", "4",
-                           "--batch", "8", "--output", out], capture_output=True, text=True, timeout=1800)
+                           "--batch", "8", "--eval-batches", "2", "--output", out], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root, data, out
 
@@ -57,6 +57,15 @@ def test_the_file_decodes_to_the_tasks_batches_exactly(dumped):
     # The sequences are stored once for all schemes; each scheme's order is stored or referenced.
     assert npz["sequences"].dtype == np.uint16 and npz["sequences"].shape[1] == 32
     assert all(f"{s}/index" in npz or f"{s}/index_of" in npz for s in SCHEMES)
+    # The trainer's validation batches (validation during training) are stored alike.
+    assert info["eval_batches"] == 2
+    for scheme in SCHEMES:
+        expected = batches.TaskBatches(data, scheme, "train", 32, 8, 0).validation_batches(2, 8, 0, 1)
+        stored = scheme_compare.ArrayBatches({}, scheme_compare.decode(
+            npz, scheme + scheme_compare.VALIDATION, 2, 8, 32, info["special_ids"]))
+        for got, batch in zip(stored.validation_batches(2, 8, 0, 1), expected, strict=True):
+            for key in scheme_compare.KEYS:
+                np.testing.assert_array_equal(got[key], batch[key], err_msg=f"{scheme} validation {key}")
 
 
 def _partition(units_T):
@@ -131,7 +140,7 @@ def test_run_trains_seeds_scores_units_and_packs_what_compare_reads_without_tens
                                               "--output", str(results), "--runs", str(root / "work"),
                                               "--seeds", "0", "1", "--unit", *units,
                                               "--eval-every", "2", "--positions", "4",
-                                              "--set", "train.log_every_steps=1"),
+                                              "--set", "train.log_every_steps=1", "--set", "train.eval_every_steps=2"),
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(os.listdir(results))
@@ -159,6 +168,8 @@ def test_run_trains_seeds_scores_units_and_packs_what_compare_reads_without_tens
                 np.testing.assert_allclose(np.exp(np.mean(r["scores"]["nll"])), r["perplexity"], rtol=1e-5)
                 assert r["interval"]["mean_nll"][0] <= r["mean_nll"] <= r["interval"]["mean_nll"][1]
         assert sorted(run.training) == [1, 2, 3, 4]
+        validated = [json.loads(line) for line in open(runs / name / "tensorboard" / "metrics.jsonl")]
+        assert sorted(m["step"] for m in validated if "validation_loss" in m) == [2, 4]
         assert not any((runs / name / "checkpoints" / str(s) / "state").exists() for s in (2, 4))
     for unit in units:
         # Every run is scored on the same tokens (units drawn from the scoring seed alone) ...
