@@ -150,14 +150,36 @@ def _format(name: str, value: float) -> str:
     return f"{name}={value:.4f}"
 
 
+def parse_record(line: bytes, where: str) -> dict:
+    """One metrics.jsonl line, checked: a JSON object with an integer step and a number (or null,
+    a scalar not measured at that step) for every other field.
+
+    `where` is FILE:LINE for the one-line error; a reader that plotted a string or crashed on
+    binary bytes would hide which line of which run is damaged.
+    """
+    from pmi_jax.errors import UserInputError
+
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with a step)") from None
+    if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with an integer step)")
+    for name, value in record.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise UserInputError(f"{where}: {name} is {json.dumps(value)[:40]}, not a number")
+    return record
+
+
 def read_metrics(logdir: str) -> dict[int, dict]:
     """step -> the last record logged for it (a resumed run re-logs the steps it redid)."""
     import tensorflow as tf
 
     path = logdir.rstrip("/") + "/metrics.jsonl"
     records = {}
-    with tf.io.gfile.GFile(path) as f:
-        for line in f:
-            record = json.loads(line)
-            records[record["step"]] = record
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for number, line in enumerate(f.read().splitlines(), start=1):
+            if line.strip():
+                record = parse_record(line, f"{path}:{number}")
+                records[record["step"]] = record
     return records

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shlex
 import signal
 import time
 from typing import Any, Callable, Iterator, Protocol
@@ -89,11 +90,13 @@ class TaskBatches:
 
     def batches(self, start_step, shard_index, num_shards):
         from pmi_jax import tasks
+        from pmi_jax.formats import prepared_corpus
 
         dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
                                     self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step)
-        for batch in dataset.as_numpy_iterator():
-            yield {k: batch[k] for k in BATCH_KEYS}
+        with prepared_corpus.reading(self.data_dir):  # a shard whose bytes changed is named
+            for batch in dataset.as_numpy_iterator():
+                yield {k: batch[k] for k in BATCH_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,7 +397,8 @@ class _Preemption:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: checkpointing after the current step")
+        if not self.requested:  # a SIGTERM to the process group may arrive twice (pmi_jax/cli/quiet.py)
+            logging.warning("SIGTERM received: checkpointing after the current step")
         self.requested = True
 
     def reached(self, step: int) -> bool:
@@ -533,7 +537,7 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
             checkpointer.close()
             writer.close()
     if is_main:
-        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
+        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {shlex.quote(logdir)})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
 
 

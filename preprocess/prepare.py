@@ -131,7 +131,10 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
             raise UserInputError(f"--units {name}={source}: {e}") from None
         if name in loaded:
             raise UserInputError(f"--units {name}=...: the name {name} is given twice")
-        ngrams = [tuple(g) for g in load_ngrams(source)]
+        try:
+            ngrams = [tuple(g) for g in load_ngrams(source)]
+        except UserInputError as e:
+            raise UserInputError(f"--units {name}={source}: {e}") from None
         problems = check_ngrams(ngrams)  # wrong normalisation, lengths outside 2..5, duplicates
         if problems:
             raise UserInputError(f"--units {name}={source}: " + "; ".join(problems))
@@ -241,7 +244,7 @@ def check_output_apart(config: PrepareConfig, files: Sequence[str]) -> None:
 
 
 def _inside(path: str, directory: str) -> bool:
-    return documents.is_inside(path, directory)
+    return storage.is_inside(path, directory)
 
 
 def _read_json(path: str) -> dict | None:
@@ -316,7 +319,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     """
     try:
         prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
-        damaged = prepared_corpus.damaged_shards(output, metadata)
+        damaged = prepared_corpus.damaged_shards(output, metadata, digests=True)
     except UserInputError as e:
         log.warning("%s", e)
         damaged = {name: "unreadable" for name in metadata.get("shards", {})}
@@ -354,7 +357,8 @@ def _is_done(output: str, task: ShardTask) -> bool:
     stats = _read_json(_progress_path(output, task))
     if stats is None or not storage.gfile.exists(path):
         return False
-    return stats.get("bytes") in (None, storage.gfile.stat(path).length)
+    return (stats.get("bytes") in (None, storage.gfile.stat(path).length)
+            and stats.get("sha256") in (None, storage.file_sha256(path)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +438,7 @@ class ShardWriter:
             stats["content_tokens"] = packer.tokens
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
+            stats["sha256"] = storage.file_sha256(tmp)
             _write_json(_progress_path(ctx.output, task), stats)
             storage.gfile.rename(tmp, path, overwrite=True)
         finally:

@@ -37,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
 
     quiet.quiet_checkpoint_reads()
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=[("RUN_DIR", r) for r in args.runs])
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]
     tables = [t for t in [report.perplexity_table(runs)] if t] + report.finetune_tables(runs)
-    with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         names = [n for n in [plots.mlm_loss(runs, tmp), plots.perplexity(runs, tmp)] if n]
         names += plots.downstream(runs, tmp)
         with storage.atomic_file(storage.join(tmp, "report.md")) as f:

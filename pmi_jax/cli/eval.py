@@ -172,6 +172,12 @@ def _absolute_paths(args: argparse.Namespace) -> None:
     paths.make_absolute(args, "checkpoint", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(option, path) of every input the command reads: no output may hold one."""
+    return [(f"--{name.replace('_', '-')}", getattr(args, name, None))
+            for name in ("checkpoint", "data", "vocab", "test_data", "tfds_data_dir")]
+
+
 def _run_dir(checkpoint: str) -> str:
     """The training workdir of a workdir or of one of its checkpoints/<step> directories."""
     parts = checkpoint.rstrip("/").rsplit("/", 2)
@@ -212,11 +218,14 @@ def run_perplexity(args: argparse.Namespace) -> int:
     _positive(args.max_sequences, "--max-sequences")
     _absolute_paths(args)
     if args.output:
-        storage.check_new_output(args.output, args.overwrite)
+        storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
     paths = _checkpoints(args.checkpoint, args.steps)
     if args.output and len(paths) > 1:
         raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
+    for run in sorted({_run_dir(path) for path in paths}):  # the result is always filed there: check first
+        eval_dir = storage.join(run, "eval")
+        storage.check_writable_directory(eval_dir, f"--checkpoint {args.checkpoint}: its results folder {eval_dir}")
     for path in paths:
         config, params, metadata = checkpoints.restore_for_eval(path)
         data_dir = args.data or metadata.get("data_dir")
@@ -237,7 +246,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         storage.gfile.makedirs(eval_dir)
         for target in [storage.join(eval_dir, f"perplexity-{args.split}-step{metadata.get('step')}.json"),
                        *([args.output] if args.output else [])]:
-            with storage.atomic_file(target) as f:
+            with storage.write_errors(target), storage.atomic_file(target) as f:
                 f.write(text)
         print(f"single-token perplexity {result.perplexity:.3f} (mean NLL {result.mean_nll:.4f} nats) over "
               f"{result.num_tokens} tokens of {result.num_sequences} {args.split} sequences, checkpoint step "
@@ -295,13 +304,15 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     if len(paths) > 1:  # every output checked before hours of fine-tuning, not after
         for path in paths:
-            storage.check_new_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True)
+            storage.check_new_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True,
+                                     inputs=_inputs(args))
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
         config, params, metadata = checkpoints.restore_for_eval(path)
         step = metadata.get("step")
         output = output_for(path, step)
-        storage.check_new_output(output, args.overwrite, directory=True)
+        storage.check_new_output(output, args.overwrite, directory=True,
+                                 inputs=[*_inputs(args), ("the checkpoint's corpus", metadata.get("data_dir"))])
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
                                    else None)
@@ -335,7 +346,7 @@ def run_finetune(args: argparse.Namespace) -> int:
                        "max_seq_len": max_seq_len})
         test_outputs = result.pop("test_outputs", None)
         title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})"
-        with storage.atomic_directory(output, overwrite=args.overwrite) as tmp:  # every file or none
+        with storage.write_errors(output), storage.atomic_directory(output, overwrite=args.overwrite) as tmp:
             if test_outputs is not None:
                 written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
                 result["test_predictions"] = [storage.join(output, os.path.basename(w)) for w in written]

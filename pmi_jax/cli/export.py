@@ -10,7 +10,6 @@ no other file. docs/huggingface.md lists how every parameter maps.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from pmi_jax.errors import UserInputError
@@ -88,19 +87,11 @@ def _corpus_metadata(data_dir: str | None) -> dict | None:
 
 
 def _perplexity(path: str | None, step) -> dict | None:
-    from pmi_jax import storage
+    from pmi_jax.eval import perplexity
 
     if path is None:
         return None
-    if not storage.gfile.exists(path):
-        raise UserInputError(f"--perplexity {path}: no such file")
-    with storage.gfile.GFile(path) as f:
-        try:
-            result = json.load(f)
-        except json.JSONDecodeError:
-            raise UserInputError(f"--perplexity {path}: not JSON") from None
-    if not isinstance(result, dict) or "perplexity" not in result:
-        raise UserInputError(f"--perplexity {path}: not a result of `pmi-jax eval perplexity --output`")
+    result = perplexity.read_result(path, "--perplexity")
     if result.get("step") != step:
         raise UserInputError(f"--perplexity {path}: evaluates step {result.get('step')}, the export is step {step}")
     return result
@@ -113,10 +104,12 @@ def run_hf(args: argparse.Namespace) -> int:
     from pmi_jax.cli import quiet
     from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
 
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    inputs = [("--checkpoint", args.checkpoint), ("--vocab", args.vocab), ("--perplexity", args.perplexity)]
+    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=inputs)
     quiet.quiet_checkpoint_reads()
     checkpoint = _checkpoint_path(args.checkpoint, args.step)
     config, params, metadata = checkpoints.restore_for_eval(checkpoint)
+    storage.check_output_apart(args.output, [("the checkpoint's corpus", metadata.get("data_dir"))])
     vocab_size = int(metadata.get("vocab_size") or config.vocab_size)
     _, tokens = _vocabulary(args.vocab, metadata, checkpoint, vocab_size)
     perplexity = _perplexity(args.perplexity, metadata.get("step"))
@@ -124,7 +117,7 @@ def run_hf(args: argparse.Namespace) -> int:
     pad_id = wordpiece_vocab.special_ids(tokens)["pad"]
     card = huggingface.model_card(config=config, metadata=metadata, corpus=_corpus_metadata(metadata.get("data_dir")),
                                   vocab_size=vocab_size, perplexity=perplexity)
-    with storage.atomic_directory(args.output, args.overwrite) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, args.overwrite) as tmp:
         hf_checkpoint.write_checkpoint(tmp, huggingface.transformers_config(config, vocab_size, pad_id), tensors,
                                        tokens, config.max_position_embeddings, card)
     size = sum(t.nbytes for t in tensors.values())

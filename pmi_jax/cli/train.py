@@ -13,6 +13,7 @@ Check that a config fits a TPU slice, on any machine with libtpu installed (noth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -110,10 +111,31 @@ def load_config(name_or_path: str):
     path = config_path(name_or_path)
     spec = importlib.util.spec_from_file_location(f"pmi_jax_config_{os.path.basename(path)[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with _config_errors(name_or_path, path):
+        spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise UserInputError(f"--config {name_or_path}: {path} defines no get_config()")
-    return module.get_config()
+    with _config_errors(name_or_path, path):
+        return module.get_config()
+
+
+@contextlib.contextmanager
+def _config_errors(name: str, path: str):
+    """A config file that does not run (a syntax error, a bad import, an exception in get_config())
+    is the user's input: one line with its file and line number instead of a traceback."""
+    import traceback
+
+    try:
+        yield
+    except UserInputError:
+        raise
+    except SyntaxError as e:
+        raise UserInputError(f"--config {name}: {e.filename or path}:{e.lineno}: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the user's file
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f"{path}:{frames[-1].lineno}" if frames else path
+        raise UserInputError(f"--config {name}: {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             ) from None
 
 
 def _initialize_distributed(args) -> None:
@@ -162,6 +184,9 @@ def run(args) -> int:
         raise UserInputError("--topology goes with --compile-only (a real run uses the devices it finds)")
     if not args.workdir:
         raise UserInputError("--workdir is required (the run directory)")
+    from pmi_jax import storage
+
+    storage.check_writable_directory(args.workdir, f"--workdir {args.workdir}")
     if not config.data.data_dir:
         raise UserInputError("no corpus: pass --data DIR (or set data.data_dir in the config)")
 
@@ -186,7 +211,8 @@ def run(args) -> int:
     # Read (and check) the weights before anything is written, even when the run will resume instead.
     initial_params = huggingface.initial_params(pretrained, config.model) if pretrained is not None else None
     try:
-        result = train.train(config, paths.absolute(args.workdir), source, corpus, initial_params=initial_params)
+        with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
+            result = train.train(config, paths.absolute(args.workdir), source, corpus, initial_params=initial_params)
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

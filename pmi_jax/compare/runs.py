@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 
 from pmi_jax import storage
@@ -58,18 +59,16 @@ def _read_json(path: str):
 
 
 def _training_metrics(path: str) -> dict[int, dict]:
+    from pmi_jax import metrics
+
     if not storage.gfile.exists(path):
         return {}
     rows = {}
     with storage.gfile.GFile(path, "rb") as f:
-        for number, line in enumerate(f.read().decode("utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                rows[int(row["step"])] = row  # a resumed run rewrites steps: the last write wins
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise UserInputError(f"{path}:{number}: not a metrics line (JSON with a step)") from None
+        for number, line in enumerate(f.read().splitlines(), start=1):
+            if line.strip():
+                row = metrics.parse_record(line, f"{path}:{number}")
+                rows[row["step"]] = row  # a resumed run rewrites steps: the last write wins
     return rows
 
 
@@ -80,16 +79,28 @@ def _latest_metadata(path: str) -> tuple[int, dict]:
     if not storage.gfile.isdir(checkpoints.checkpoint_dir(path)):
         raise UserInputError(f"{path}: no checkpoints/ directory: not a pmi-jax training run")
     checkpointer = checkpoints.Checkpointer(path, CheckpointConfig(), read_only=True)
+    skipped = []
     try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise UserInputError(f"{path}: holds no complete checkpoint")
-        return step, checkpointer.metadata(step)
+        for step in checkpointer.all_steps():  # newest first; a damaged newest one falls back
+            try:
+                metadata = checkpointer.metadata(step)
+            except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
+                skipped.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                continue
+            if skipped:
+                logging.warning("%s: skipped the metadata of checkpoint %s; using step %d", path,
+                                "; ".join(skipped), step)
+            return step, metadata
     finally:
         checkpointer.close()
+    if skipped:
+        raise UserInputError(f"{path}: no checkpoint's metadata reads ({'; '.join(skipped)})")
+    raise UserInputError(f"{path}: holds no complete checkpoint")
 
 
 def read_run(path: str) -> Run:
+    from pmi_jax.eval import perplexity
+
     path = path.rstrip("/")
     if not storage.gfile.isdir(path):
         raise UserInputError(f"{path}: no such run directory")
@@ -104,9 +115,7 @@ def read_run(path: str) -> Run:
     for name in sorted(n.rstrip("/") for n in storage.gfile.listdir(eval_dir)):
         entry = storage.join(eval_dir, name)
         if name.startswith(PERPLEXITY_PREFIX) and name.endswith(".json"):
-            result = _read_json(entry)
-            if "perplexity" not in result or "step" not in result:
-                raise UserInputError(f"{entry}: not an `eval perplexity` result (no perplexity or step)")
+            result = perplexity.read_result(entry)
             run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
         elif storage.gfile.exists(storage.join(entry, "results.json")):
             result = _read_json(storage.join(entry, "results.json"))

@@ -27,6 +27,33 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM
 
 
+# The fields of a written result (RUN/eval/perplexity-<split>-step<N>.json, `--output`) that
+# readers use, with their types: `compare` tabulates them, `export hf --perplexity` quotes them.
+RESULT_FIELDS = {"step": int, "split": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
+                 "num_sequences": int}
+
+
+def read_result(path: str, option: str = "") -> dict:
+    """A result `eval perplexity` wrote, its fields and their types checked; a one-line error otherwise."""
+    import json
+
+    from pmi_jax import storage
+
+    name = f"{option} {path}".strip()
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{name}: no such file")
+    result = storage.read_json_object(path)
+    for field, kind in RESULT_FIELDS.items():
+        value = result.get(field)
+        ok = (isinstance(value, str) if kind is str else
+              not isinstance(value, bool) and isinstance(value, (int,) if kind is int else (int, float)))
+        if not ok:
+            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
+            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
+                                 f"{json.dumps(value)[:40]}, expected {expected})")
+    return result
+
+
 @dataclasses.dataclass(frozen=True)
 class PerplexityResult:
     perplexity: float
@@ -45,8 +72,9 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
-    for features in dataset.as_numpy_iterator():
-        yield features[prepared_corpus.INPUT_IDS]
+    with prepared_corpus.reading(data_dir):  # a shard whose bytes changed is named
+        for features in dataset.as_numpy_iterator():
+            yield features[prepared_corpus.INPUT_IDS]
 
 
 def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint: str):
