@@ -169,7 +169,7 @@ def is_inside(path: str, directory: str) -> bool:
 
 # What makes a directory a training run: `train` writes both (docs/design.md, "Run directory").
 RUN_RECORDS = ("checkpoints", "tensorboard")
-RUN_RESULTS = "eval"  # where `eval` files its results inside a run
+RUN_RESULTS = "eval"  # where `eval` files its results inside a run (one output per result)
 _RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
 
 
@@ -206,11 +206,12 @@ def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = (
 
     Writing an output replaces it (`--overwrite`, or a resumed run's sweep), so an output
     directory that is or holds an input, or any run (its checkpoints, metrics, evaluations),
-    would destroy it; so would an output written over a file inside an input (a corpus's
-    metadata.json) or into a run's checkpoints/ or tensorboard/. A run's eval/ folder is where
-    the evaluation commands file their results, and may be replaced there. `inputs` are
-    (option, path) pairs such as ("--checkpoint", "runs/a"); every command that writes calls
-    this through `check_new_output`.
+    would destroy it; so would an output written over a file inside an input that is not a run
+    (a corpus's metadata.json), into a run's checkpoints/ or tensorboard/, or over a run's whole
+    eval/ folder. Inside a run, other outputs may be replaced: eval/<result> is where the
+    evaluation commands file (and refile) their results, and an export kept beside the
+    checkpoints is the user's own. `inputs` are (option, path) pairs such as ("--checkpoint",
+    "runs/a"); every command that writes calls this through `check_new_output`.
     """
     exists = gfile.exists(output)
     for option, source in inputs:
@@ -219,7 +220,7 @@ def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = (
         if is_inside(source, output):
             raise UserInputError(f"--output {output}: holds the input {option} {source}; write the output "
                                  "elsewhere")
-        if exists and is_inside(output, source) and _run_holding(output, (RUN_RESULTS,)) is None:
+        if exists and is_inside(output, source) and not _is_run(source):
             raise UserInputError(f"--output {output}: would replace a file of the input {option} {source}; "
                                  "write the output elsewhere")
     run = _run_at_or_below(output)
@@ -228,6 +229,10 @@ def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = (
     run = _run_holding(output, RUN_RECORDS)
     if run is not None:
         raise UserInputError(f"--output {output}: lies inside the records of the training run {run}; write the "
+                             "output elsewhere")
+    parent, name = os.path.split(output.rstrip("/") if not is_local(output) else os.path.abspath(output))
+    if name == RUN_RESULTS and _is_run(parent):
+        raise UserInputError(f"--output {output}: is the results folder of the training run {parent}; write the "
                              "output elsewhere")
 
 

@@ -96,7 +96,9 @@ def test_no_output_may_replace_a_run_or_an_input(run, corpus, tmp_path, capsys):
           "--output", str(run), "--overwrite"], f"--output {run}: holds the input --checkpoint {run}"),
         (["eval", "perplexity", "--checkpoint", str(run), "--output",
           str(run / "tensorboard" / "metrics.jsonl"), "--overwrite"],
-         f"would replace a file of the input --checkpoint {run}"),
+         f"lies inside the records of the training run {run}"),
+        (["compare", str(other), "--output", str(run / "eval"), "--overwrite"],
+         f"is the results folder of the training run {run}"),
         (["eval", "perplexity", "--checkpoint", str(other), "--output", str(run / "checkpoints" / "new.json")],
          f"lies inside the records of the training run {run}"),
         (["data", "dump", "--data", str(corpus), "--scheme", "whole_word", "--num", "1", "--output",
@@ -108,6 +110,10 @@ def test_no_output_may_replace_a_run_or_an_input(run, corpus, tmp_path, capsys):
     for argv, message in cases:
         _one_line_error(capsys, main(argv), message)
     assert {d: _tree_digest(d) for d in (run, other, corpus)} == before
+    # An output of the user's own inside a run may be replaced: an export kept beside the checkpoints.
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", "hf", "--checkpoint", str(other), "--output", str(other / "hf"), *extra]) == 0
+    assert (other / "hf" / "model.safetensors").exists()
 
 
 # ---------------------------------------------------------------------------------------------
