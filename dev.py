@@ -2,6 +2,7 @@
 
     python3 dev.py demo    # the whole pipeline on a small offline corpus
     python3 dev.py test    # the test suite
+    python3 dev.py effect [DIR]   # the CPU scheme comparison (hours; rerun to finish it)
 
 The virtual environment is rebuilt only when setup.py or constraints.txt change.
 """
@@ -74,6 +75,45 @@ def demo() -> None:
           f"({', '.join(p.name for p in sorted((out / 'report').glob('*.png')))})", flush=True)
 
 
+EFFECT_SCHEMES = ("random_token", "pmi")
+EFFECT_SEEDS = (0, 1, 2)
+EFFECT_UNITS = ("token", "word", "pmi")
+
+
+def effect(root: str) -> None:
+    """The CPU comparison of docs/experiments.md ("The comparison on CPU"), resumable step by step.
+
+    Every step is a plain `pmi-jax` call and each is skipped or resumed when its output is
+    already there: rerun the same command after an interruption to finish what is missing.
+    Runs go seed-major (both schemes at seed 0, then seed 1, ...) so that a partial experiment
+    still compares the schemes on equal seeds.
+    """
+    cli = str(BIN / "pmi-jax")
+    out = pathlib.Path(root).resolve()
+    config = str(ROOT / "configs" / "experiments" / "cpu_effect.py")
+    if not (out / "text").is_dir():
+        run(cli, "demo-corpus", "--installed", "--output", str(out / "text"))
+    if not (out / "vocab_pmi").is_dir():
+        run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab_pmi"),
+            "--size", "30000", "--no-progress")
+    run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
+        "--units", f"pmi={out / 'vocab_pmi'}", "--seq-len", "128", "--wordpiece-size", "8000", "--no-progress")
+    runs = []
+    for seed in EFFECT_SEEDS:
+        for scheme in EFFECT_SCHEMES:
+            run_dir = out / "runs" / f"{scheme}-seed{seed}"
+            runs.append(str(run_dir))
+            if not (run_dir / "checkpoints" / "8000").is_dir():
+                run(cli, "train", "--config", config, "--data", str(out / "data"), "--scheme", scheme,
+                    "--workdir", str(run_dir), "--set", f"train.seed={seed}", "--set", f"data.seed={seed}")
+    for run_dir in runs:
+        for unit in EFFECT_UNITS:
+            run(cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", "all", "--unit", unit,
+                "--positions", "all", "--skip-existing")
+    run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
+    print(f"\nThe comparison: {out / 'report' / 'report.md'}", flush=True)
+
+
 def test(pytest_args: list[str]) -> None:
     env = dict(os.environ, PYTHONHASHSEED="0")
     cmd = [str(BIN / "python"), "-m", "pytest", *(pytest_args or ["tests"])]
@@ -82,13 +122,15 @@ def test(pytest_args: list[str]) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("setup", "demo", "test"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("setup", "demo", "test", "effect"):
         sys.exit(__doc__)
     setup_venv()
     if sys.argv[1] == "demo":
         demo()
     elif sys.argv[1] == "test":
         test(sys.argv[2:])
+    elif sys.argv[1] == "effect":
+        effect(sys.argv[2] if len(sys.argv) > 2 else str(ROOT / "effect"))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def main() -> None:
                         "(default: 5)")
     args = parser.parse_args()
 
-    corpus = tasks.PreparedCorpus(args.data_dir)
+    corpus = tasks.TaskCorpus(args.data_dir)
     records = tasks.PreparedCorpusSource(corpus, corpus.unit_names).get_dataset(args.split, shuffle=False)
     records = records.take(args.num).cache()
     parsed = _single_threaded(records.batch(tasks.MASK_BATCH).map(

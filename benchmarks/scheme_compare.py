@@ -94,7 +94,7 @@ def train_runs(args) -> None:
     import jax
 
     from pmi_jax import checkpoints, train
-    from pmi_jax.cli.train import load_config
+    from pmi_jax.config import load_config
     from pmi_jax.config import apply_overrides
     from pmi_jax.eval import perplexity
     from pmi_jax.model import BertForMaskedLM

@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pmi_jax import compile_only  # noqa: E402
-from pmi_jax.cli.train import load_config  # noqa: E402
+from pmi_jax.config import load_config  # noqa: E402
 from pmi_jax.config import apply_overrides  # noqa: E402
 from pmi_jax.errors import UserInputError  # noqa: E402
 

@@ -13,7 +13,7 @@ saves; `transformers` is FlaxBertForMaskedLM (full logits), skipped where transf
 Flax models (5.x) or is not installed. Reported per size, length and contender: median step
 time over `--steps` timed steps (after compilation and one warm-up step; the contenders'
 steps alternate so that load from other processes falls on all alike), tokens/s, achieved
-TFLOP/s and model FLOPs utilisation, both from `pmi_jax.metrics` counting the FLOPs each
+TFLOP/s and model FLOPs utilisation, both from `pmi_jax.flops` counting the FLOPs each
 contender computes (bidirectional attention, nothing halved; the full-logit contenders'
 decoder at every position). MFU needs a known device peak (H100: 989 TFLOP/s dense bf16) or
 --peak-flops. pmi-jax runs on a mesh over all local devices; transformers on one. Imports
@@ -34,8 +34,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
-from pmi_jax import metrics, partitioning, train  # noqa: E402
-from pmi_jax.cli.train import load_config  # noqa: E402
+from pmi_jax import flops, partitioning, train  # noqa: E402
+from pmi_jax.config import load_config  # noqa: E402
 from pmi_jax.optimizer import make_optimizer  # noqa: E402
 
 VOCAB_SIZE = 30_522
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
 
     on_cpu = jax.default_backend() == "cpu"
     device = jax.devices()[0]
-    peak = args.peak_flops or metrics.device_peak_flops(device.device_kind)
+    peak = args.peak_flops or flops.device_peak_flops(device.device_kind)
     print(f"jax {jax.__version__}, devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), "
           + (f"peak {peak / 1e12:.0f} TFLOP/s per device (dense bf16)" if peak else
              "peak unknown: MFU not reported (pass --peak-flops)"))
@@ -156,11 +156,11 @@ def run_size(size, seq_len, args, contenders, on_cpu, peak) -> None:
         for name, (runner, _) in built.items():
             times.setdefault(name, []).append(runner.tick())
     for name, (_, num_devices) in built.items():
-        flops_per_token = metrics.training_flops_per_token(contender_config(config, name).model, seq_len)
+        flops_per_token = flops.training_flops_per_token(contender_config(config, name).model, seq_len)
         step_s = statistics.median(times[name])
         tokens_per_s = batch_size * seq_len / step_s
         tflops = flops_per_token * tokens_per_s / num_devices / 1e12
-        utilisation = metrics.mfu(flops_per_token, tokens_per_s, num_devices, peak)
+        utilisation = flops.mfu(flops_per_token, tokens_per_s, num_devices, peak)
         mfu = f"{100 * utilisation:5.1f}%" if utilisation is not None else "   n/a"
         print(f"{size:<6} {name:<13} {batch_size:>5} {seq_len:>4} {dtype:<8} {1000 * step_s:>9.1f} "
               f"{tokens_per_s:>10.0f} {tflops:>8.3f} {mfu:>6}", flush=True)

@@ -5,7 +5,7 @@ Layout under `--workdir` (local or gs://):
     checkpoints/<step>/state      params, opt_state, step, rng  (sharded arrays, OCDBT)
     checkpoints/<step>/metadata   JSON: experiment config, model config, data position,
                                   data_dir, scheme, vocab_size, vocab_sha256
-    tensorboard/                  event files and metrics.jsonl (pmi_jax.metrics)
+    tensorboard/                  event files and metrics.jsonl (pmi_jax.formats.run_dir)
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 killed job never leaves a half-written checkpoint that a restart would pick up. Every
@@ -32,8 +32,10 @@ from etils import epath
 from pmi_jax import paths
 from pmi_jax.config import CheckpointConfig, ModelConfig, model_config_from_dict
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats import run_dir
+from pmi_jax.formats.run_dir import CheckpointMetadata
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = run_dir.CHECKPOINT_DIR
 UNREADABLE_DIR = "unreadable_checkpoints"
 _ITEMS = ("state", "metadata")
 
@@ -74,19 +76,21 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    def save(self, step: int, state, metadata: dict) -> None:
+    def save(self, step: int, state, metadata: CheckpointMetadata | dict) -> None:
         """Start an asynchronous save; the previous one is finished first by Orbax."""
+        record = metadata.to_json() if isinstance(metadata, CheckpointMetadata) else metadata
         self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
+            state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(record)), force=True)
 
-    def metadata(self, step: int) -> dict:
-        return self._manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+    def metadata(self, step: int) -> CheckpointMetadata:
+        record = self._manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+        return CheckpointMetadata.from_json(record)
 
     def restore(self, step: int, abstract_state):
         """Restore into the shapes, dtypes and shardings of `abstract_state`."""
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), metadata=ocp.args.JsonRestore()))
-        return restored["state"], restored["metadata"]
+        return restored["state"], CheckpointMetadata.from_json(restored["metadata"])
 
     def restore_subtree(self, step: int, target: dict):
         """Restore only the leaves named in `target` (e.g. {"params": ...}) of the state."""
@@ -189,10 +193,10 @@ class ResumePlan:
     unreadable: tuple[Unreadable, ...]
 
 
-def _vocab_source(metadata: dict) -> str:
-    if metadata.get("vocab_sha256") is None:
+def _vocab_source(metadata: CheckpointMetadata) -> str:
+    if metadata.vocab_sha256 is None:
         return "the synthetic corpus (no vocab.txt)"
-    return f"vocab.txt of {metadata.get('data_dir')}"
+    return f"vocab.txt of {metadata.data_dir}"
 
 
 def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | None, data_dir: str) -> ResumePlan:
@@ -210,7 +214,7 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
     for step in checkpointer.all_steps():
         try:
             saved = checkpointer.metadata(step)
-            saved_model = model_config_from_dict(saved["model"])
+            saved_model = model_config_from_dict(saved.model)
         except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
             unreadable.append(Unreadable(step, f"metadata: {_reason(e)}"))
             continue
@@ -221,11 +225,11 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
             raise UserInputError(
                 f"--workdir {workdir} holds a checkpoint (step {step}) of a different model ({differences}); "
                 "use a new workdir")
-        if saved.get("vocab_sha256") != vocab_sha256:
+        if saved.vocab_sha256 != vocab_sha256:
             now = f"vocab.txt of {data_dir}" if vocab_sha256 else "the synthetic corpus (no vocab.txt)"
             raise UserInputError(
                 f"--workdir {workdir}: checkpoint step {step} was trained on {_vocab_source(saved)} "
-                f"(sha256 {str(saved.get('vocab_sha256'))[:12]}) but this run reads {now} "
+                f"(sha256 {str(saved.vocab_sha256)[:12]}) but this run reads {now} "
                 f"(sha256 {str(vocab_sha256)[:12]}): another vocabulary; use the original corpus or a new workdir")
         if not candidates and saved.get("data_dir") != data_dir:
             logging.warning("--workdir %s: checkpoint step %d was trained on the corpus %s; this run continues on "
@@ -309,8 +313,8 @@ def restore_for_eval(workdir_or_step_dir: str):
     `workdir_or_step_dir` is a training `--workdir` (its newest checkpoint that restores is
     used; each newer one that does not is named in a warning) or one `…/checkpoints/<step>`
     directory (that one, or a UserInputError). `params` is the BertForMaskedLM "params" tree
-    (encoder under params["encoder"]); the optimizer state is not read. `metadata` holds at
-    least step, data_dir, vocab_sha256, vocab_size and scheme.
+    (encoder under params["encoder"]); the optimizer state is not read. `metadata` is the
+    checkpoint's CheckpointMetadata (pmi_jax.formats.run_dir).
     """
     workdir, steps = _locate(workdir_or_step_dir)
     checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
@@ -335,7 +339,7 @@ def _restore_params(checkpointer: Checkpointer, step: int):
     from pmi_jax.model import BertForMaskedLM
 
     metadata = checkpointer.metadata(step)
-    model_config = model_config_from_dict(metadata["model"])
+    model_config = model_config_from_dict(metadata.model)
     abstract_params = abstract_model_params(BertForMaskedLM(model_config))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),

@@ -34,7 +34,7 @@ class Generation:
     cores_in_name: bool  # True: "v4-32" counts TensorCores (2 per chip); False: chips
     dims: int  # 3-D torus (v4, v5p) or 2-D (v5e, v6e)
     hbm_bytes: int  # per chip, data sheet
-    device_kind: str  # jax's device_kind, for the MFU peak (pmi_jax.metrics)
+    device_kind: str  # jax's device_kind, for the MFU peak (pmi_jax.flops)
 
 
 GENERATIONS = {
@@ -114,7 +114,7 @@ class CompileReport:
     code_bytes: int
     total_bytes: int
     compiler_flops: float  # per device, per step
-    formula_flops: float  # pmi_jax.metrics' count for the computed model, per device, per step
+    formula_flops: float  # pmi_jax.flops' count for the computed model, per device, per step
     estimated_seconds: float | None  # None when the compiler gives no usable estimate
     peak_flops: float | None
     # Why the FLOPs and time are not the step's, when they are not: XLA's cost analysis
@@ -171,7 +171,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     import jax
     import numpy as np
 
-    from pmi_jax import metrics, partitioning, train
+    from pmi_jax import flops, partitioning, train
 
     generation, topology, devices = topology_devices(topology_name)
     mesh = partitioning.make_mesh(config.mesh, devices)
@@ -198,7 +198,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
     tokens = config.train.batch_size * config.data.seq_len
-    formula = metrics.training_flops_per_token(config.model, config.data.seq_len) * tokens / len(devices)
+    formula = flops.training_flops_per_token(config.model, config.data.seq_len) * tokens / len(devices)
     loops = [what for what, on in (("model.scan_layers", config.model.scan_layers),
                                    ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
     loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "
@@ -210,5 +210,5 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
         temp_bytes=memory.temp_size_in_bytes, code_bytes=memory.generated_code_size_in_bytes, total_bytes=total,
         compiler_flops=float(cost.get("flops", 0.0)), formula_flops=formula,
         estimated_seconds=estimate if estimate > 0 else None,
-        peak_flops=config.train.peak_flops or metrics.device_peak_flops(generation.device_kind), loop_note=loop_note)
+        peak_flops=config.train.peak_flops or flops.device_peak_flops(generation.device_kind), loop_note=loop_note)
     return report, compiled

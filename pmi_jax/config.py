@@ -12,8 +12,11 @@ before it pays for JAX.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import importlib.util
 import json
+import os
 import typing
 from typing import Any
 
@@ -23,6 +26,7 @@ from pmi_jax.errors import UserInputError
 # family needs a prepared unit vocabulary of the same name; the others work on any corpus.
 SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
+SYNTHETIC = "synthetic"  # data.data_dir (--data) of the built-in toy corpus, pmi_jax.batches.SyntheticBatches
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
@@ -127,6 +131,15 @@ class DataConfig:
     seq_len: int = 0
     seed: int = 0  # masking and shuffling; independent of train.seed
 
+    def __post_init__(self):
+        check_scheme(self.scheme, "data.scheme")
+
+
+def check_scheme(scheme: str, source: str) -> None:
+    """The one check of a scheme name; `source` names where the value came from."""
+    if scheme not in SCHEMES:
+        raise UserInputError(f"{source} {scheme!r}: not a masking scheme; choose one of {', '.join(SCHEMES)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -203,6 +216,66 @@ class ExperimentConfig:
     train: TrainConfig = TrainConfig()
 
 
+# The named configs in configs/ (`--config tiny`); a corpus's --seq-len must fit one of them.
+NAMED_CONFIGS = ("tiny", "small", "base", "large")
+
+
+def config_path(name_or_path: str) -> str:
+    """`tiny` -> configs/tiny.py next to the pmi_jax package (editable or installed); paths as given."""
+    if name_or_path.endswith(".py") or os.sep in name_or_path:
+        if not os.path.exists(name_or_path):
+            raise UserInputError(f"--config {name_or_path}: no such file")
+        return name_or_path
+    import pmi_jax
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(pmi_jax.__file__))), "configs",
+                        f"{name_or_path}.py")
+    if not os.path.exists(path):
+        raise UserInputError(f"--config {name_or_path}: no {path} (try tiny, small, base, large or a .py path)")
+    return path
+
+
+def load_config(name_or_path: str):
+    """Execute the config file and return its get_config(); an invalid value names the file."""
+    path = config_path(name_or_path)
+    spec = importlib.util.spec_from_file_location(f"pmi_jax_config_{os.path.basename(path)[:-3]}", path)
+    module = importlib.util.module_from_spec(spec)
+    with _config_errors(name_or_path, path):
+        spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UserInputError(f"--config {name_or_path}: {path} defines no get_config()")
+    with _config_errors(name_or_path, path):
+        return module.get_config()
+
+
+@contextlib.contextmanager
+def _config_errors(name: str, path: str):
+    """A config file that does not run (a syntax error, a bad import, an exception or an invalid
+    value in get_config()) is the user's input: one line with its file and line number."""
+    import traceback
+
+    try:
+        yield
+    except UserInputError as e:
+        raise UserInputError(f"--config {name} ({path}): {e}") from None
+    except SyntaxError as e:
+        raise UserInputError(f"--config {name}: {e.filename or path}:{e.lineno}: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the user's file
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f"{path}:{frames[-1].lineno}" if frames else path
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UserInputError(f"--config {name}: {where}: {type(e).__name__}: {first}") from None
+
+
+def check_trainable_seq_len(seq_len: int, option: str = "--seq-len") -> None:
+    """A sequence length no named config's model can take would be found only when training starts."""
+    longest = max(load_config(name).model.max_position_embeddings for name in NAMED_CONFIGS)
+    if seq_len > longest:
+        raise UserInputError(f"{option} {seq_len}: no config can train on it (max_position_embeddings is at most "
+                             f"{longest} in configs/{{{','.join(NAMED_CONFIGS)}}}.py)")
+
+
 def to_dict(config) -> dict:
     """A JSON-ready dict (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))
@@ -237,7 +310,11 @@ def _replace_path(obj, path: list[str], raw: str, item: str):
     if dataclasses.is_dataclass(current):
         raise UserInputError(f"override {item!r}: {head!r} is a section; name one of its fields")
     hint = typing.get_type_hints(type(obj))[head]
-    return dataclasses.replace(obj, **{head: _parse_value(raw, hint, item)})
+    value = _parse_value(raw, hint, item)
+    try:
+        return dataclasses.replace(obj, **{head: value})
+    except UserInputError as e:  # a section's own check (e.g. data.scheme): name the override
+        raise UserInputError(f"override {item!r}: {e}") from None
 
 
 def _parse_value(raw: str, hint, item: str) -> Any:

@@ -23,6 +23,7 @@ import numpy as np
 
 from pmi_jax.config import ModelConfig
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats.run_dir import CheckpointMetadata
 
 # transformers' names for the two GELUs (its ACT2FN table): the exact erf form and the tanh
 # approximation. Which one our model computes is measured, not assumed (`hidden_act`).
@@ -306,11 +307,11 @@ def resolve_model_config(config: ModelConfig, fields: dict, overrides: list[str]
 # ----------------------------------------------------------------------------------------
 
 
-def model_card(*, config: ModelConfig, metadata: dict, corpus: dict | None, vocab_size: int,
+def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dict | None, vocab_size: int,
                perplexity: dict | None) -> str:
     """README.md of an exported model: what it was trained on and how, in a few tables."""
-    run = metadata.get("config", {})
-    scheme = metadata.get("scheme")
+    run = metadata.config
+    scheme = metadata.scheme
     train, optimizer = run.get("train", {}), run.get("optimizer", {})
     lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", "- bert", "- fill-mask",
              f"- {scheme}-masking" if scheme else "- masked-lm", "---", "",
@@ -327,13 +328,13 @@ def model_card(*, config: ModelConfig, metadata: dict, corpus: dict | None, voca
              "print(tokenizer.decode(model(**inputs).logits[0, mask].argmax(-1)))",
              "```", "", "## Training", "",
              "| | |", "|---|---|",
-             f"| steps | {metadata.get('step')} |",
+             f"| steps | {metadata.step} |",
              f"| masking scheme | {scheme} |",
              f"| batch size (sequences) | {train.get('batch_size')} |",
-             f"| sequence length | {metadata.get('seq_len')} |",
+             f"| sequence length | {metadata.seq_len} |",
              f"| peak learning rate, warmup | {optimizer.get('peak_learning_rate')}, "
              f"{optimizer.get('warmup_steps')} steps |",
-             f"| corpus | `{metadata.get('data_dir')}` |"]
+             f"| corpus | `{metadata.data_dir}` |"]
     if corpus:
         for split, info in sorted(corpus.get("splits", {}).items()):
             lines.append(f"| {split} split | {info.get('sequences')} sequences, {info.get('tokens')} tokens |")

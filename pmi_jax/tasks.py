@@ -48,6 +48,7 @@ import seqio
 import tensorflow as tf
 
 from pmi_jax import masking, randomness
+from pmi_jax.config import check_scheme
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
@@ -62,7 +63,7 @@ _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
 _FOREVER = 2**62
 
 
-class PreparedCorpus(prepared_corpus.PreparedCorpus):
+class TaskCorpus(prepared_corpus.PreparedCorpus):
     """A prepared data directory, opened and checked by its format's reader, with the seqio
     vocabulary and the masking-scheme checks that training adds."""
 
@@ -76,20 +77,14 @@ class PreparedCorpus(prepared_corpus.PreparedCorpus):
         return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names]
 
     def check_scheme(self, scheme: str) -> None:
-        if scheme not in masking.SCHEMES:
-            raise UserInputError(f"--scheme {scheme}: unknown; choose one of {', '.join(masking.SCHEMES)}")
-        if scheme not in self.schemes:
+        """`scheme` is a scheme (config.check_scheme, the one rule, for callers that built no
+        DataConfig: register_corpus, get_dataset) and the corpus holds the units it reads."""
+        check_scheme(scheme, "scheme")
+        if scheme in masking.PREPARED_UNIT_FEATURES and scheme not in self.unit_names:
             prepared = ", ".join(self.unit_names) or "none"
             raise UserInputError(
                 f"--scheme {scheme}: {self.data_dir} was prepared without a '{scheme}' masking vocabulary "
                 f"(no units_{scheme} feature; prepared unit vocabularies: {prepared})"
-            )
-
-    def check_seq_len(self, seq_len: int | None) -> None:
-        if seq_len is not None and seq_len < self.seq_len:
-            raise UserInputError(
-                f"sequence length {seq_len}: {self.data_dir} holds sequences of up to {self.seq_len} tokens; "
-                f"prepare the corpus with --seq-len {seq_len} to train on shorter ones"
             )
 
     @staticmethod
@@ -120,7 +115,7 @@ class PreparedCorpusSource(seqio.DataSource):
 
     def __init__(
         self,
-        corpus: PreparedCorpus,
+        corpus: TaskCorpus,
         unit_names: Sequence[str],
         *,
         shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
@@ -250,7 +245,7 @@ def mask_examples(
     sequence_length: Mapping[str, int] | None = None,
     *,
     scheme: str,
-    corpus: PreparedCorpus,
+    corpus: TaskCorpus,
 ) -> tf.data.Dataset:
     """seqio preprocessor: records -> masked examples padded to the corpus's seq_len.
 
@@ -258,7 +253,7 @@ def mask_examples(
     (seed, shard, position, epoch).
     """
     if sequence_length:
-        corpus.check_seq_len(sequence_length.get("inputs"))
+        corpus.training_seq_len(sequence_length.get("inputs"))
     unit_names = corpus.unit_names_for(scheme)
     mask_id = corpus.special_ids["mask"]
     regular_ids = corpus.regular_ids
@@ -305,7 +300,7 @@ class MlmTask(seqio.Task):
         )
 
 
-def output_features(corpus: PreparedCorpus) -> dict[str, seqio.Feature]:
+def output_features(corpus: TaskCorpus) -> dict[str, seqio.Feature]:
     vocab = corpus.vocabulary
     return {
         "inputs": seqio.Feature(vocab, add_eos=False),
@@ -315,7 +310,7 @@ def output_features(corpus: PreparedCorpus) -> dict[str, seqio.Feature]:
     }
 
 
-def make_task(name: str, corpus: PreparedCorpus, scheme: str, **source_options) -> MlmTask:
+def make_task(name: str, corpus: TaskCorpus, scheme: str, **source_options) -> MlmTask:
     """The (unregistered) seqio Task of `scheme` over `corpus`."""
     corpus.check_scheme(scheme)
     source = PreparedCorpusSource(corpus, corpus.unit_names_for(scheme), **source_options)
@@ -335,7 +330,7 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
     """
     if not _TASK_NAME.match(name):
         raise UserInputError(f"task name {name!r}: use letters, digits, '_', '.' and ':' only")
-    corpus = PreparedCorpus(data_dir)
+    corpus = TaskCorpus(data_dir)
     schemes = corpus.schemes if schemes is None else list(schemes)
     for scheme in schemes:
         corpus.check_scheme(scheme)
@@ -381,9 +376,8 @@ def get_dataset(
         raise UserInputError(f"shard {shard_index} of {num_shards}: need 0 <= shard_index < num_shards")
     if start_step < 0:
         raise UserInputError(f"start step {start_step}: must be >= 0")
-    corpus = PreparedCorpus(data_dir)
-    seq_len = seq_len or corpus.seq_len
-    corpus.check_seq_len(seq_len)
+    corpus = TaskCorpus(data_dir)
+    seq_len = corpus.training_seq_len(seq_len)
     corpus.files(split)
     task = make_task(f"{scheme}_input", corpus, scheme, shuffle_buffer_size=shuffle_buffer_size,
                      start_example=start_step * batch_size)

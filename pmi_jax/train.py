@@ -1,5 +1,8 @@
 """The pretraining loop: sharded BERT MLM steps, checkpoints, metrics, preemption.
 
+Batches come from `pmi_jax.batches`, the loss from `pmi_jax.mlm_loss`; the run directory's
+names and records from `pmi_jax.formats.run_dir`.
+
 One optimizer step consumes one global batch of `train.batch_size` sequences; with
 gradient accumulation that batch is split into `grad_accum_steps` micro-batches scanned
 inside the same jitted step. So step s always reads batch s: the data position saved in a
@@ -18,7 +21,7 @@ import math
 import shlex
 import signal
 import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -27,141 +30,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, metrics, partitioning, paths
+from pmi_jax import checkpoints, flops, partitioning, paths
 from pmi_jax.config import ExperimentConfig, to_dict
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
 from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+# Re-exported: what train.py held before batches.py and mlm_loss.py were split off.
+from pmi_jax.batches import (BATCH_KEYS, BatchSource, CorpusInfo, SyntheticBatches, TaskBatches,  # noqa: F401
+                             configure_for_corpus, read_corpus_info)
+from pmi_jax.mlm_loss import check_predictions, masked_positions, mlm_loss_terms  # noqa: F401
 
-BATCH_KEYS = ("inputs", "targets", "weights", "input_mask")
-TENSORBOARD_DIR = "tensorboard"
-
-
-# --------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------
-
-
-class BatchSource(Protocol):
-    """Where batches come from: this host's rows of every global batch from `start_step` on.
-
-    Yields dicts with BATCH_KEYS: `inputs`, `targets` int32 [b, L], `weights` float32
-    [b, L] (1.0 where the loss counts), `input_mask` int32 [b, L] (0 on padding), where
-    b = global batch / num_shards and this host is shard `shard_index`. The batch of a
-    step must not depend on where the iteration started: that is what makes resume exact.
-    """
-
-    def batches(self, start_step: int, shard_index: int, num_shards: int) -> Iterator[dict[str, np.ndarray]]:
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusInfo:
-    """What the trainer needs to know about a prepared corpus (docs/design.md, "Prepared corpus")."""
-
-    data_dir: str
-    seq_len: int
-    vocab_size: int
-    vocab_sha256: str
-    units: tuple[str, ...]
-
-
-def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
-    """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
-    from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
-
-    corpus = tasks.PreparedCorpus(data_dir)
-    corpus.check_scheme(scheme)
-    corpus.files(split)
-    return CorpusInfo(data_dir=paths.absolute(data_dir), seq_len=corpus.seq_len,
-                      vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskBatches:
-    """The prepared corpus through the seqio task of the masking scheme (pmi_jax.tasks)."""
-
-    data_dir: str
-    scheme: str
-    split: str
-    seq_len: int
-    batch_size: int  # global
-    seed: int
-
-    def batches(self, start_step, shard_index, num_shards):
-        from pmi_jax import tasks
-        from pmi_jax.formats import prepared_corpus
-
-        dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
-                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step)
-        with prepared_corpus.reading(self.data_dir):  # a shard whose bytes changed is named
-            for batch in dataset.as_numpy_iterator():
-                yield {k: batch[k] for k in BATCH_KEYS}
-
-
-@dataclasses.dataclass(frozen=True)
-class SyntheticBatches:
-    """Deterministic MLM batches of a topic-model toy language, for tests and benchmarks.
-
-    Each sequence draws its words uniformly from one of `num_topics` random sets of
-    `topic_size` words. Without context a masked word is one of all the words; a model that
-    reads the rest of the sequence narrows it to the topic, so the loss has somewhere to
-    fall: from log(words) towards log(topic_size). 15% of the words are selected,
-    80/10/10 [MASK]/random/unchanged, and a random tail of each sequence is padding. The
-    batch of a step is a function of (seed, step) only, generated globally, sliced per host.
-    """
-
-    vocab_size: int
-    seq_len: int
-    batch_size: int  # global
-    seed: int = 0
-    num_topics: int = 16
-    topic_size: int = 8
-    pad_id: int = 0
-    cls_id: int = 2
-    sep_id: int = 3
-    mask_id: int = 4
-    first_word_id: int = 5
-
-    def global_batch(self, step: int) -> dict[str, np.ndarray]:
-        words = self.vocab_size - self.first_word_id
-        topic_rng = np.random.default_rng([self.seed, 0])
-        topics_TxS = np.stack([topic_rng.choice(words, self.topic_size, replace=False)
-                               for _ in range(self.num_topics)])
-        rng = np.random.default_rng([self.seed, 1, step])
-        b, n = self.batch_size, self.seq_len
-        topic_B = rng.integers(0, self.num_topics, size=b)
-        tokens = topics_TxS[topic_B[:, None], rng.integers(0, self.topic_size, size=(b, n - 2))]
-        targets = np.concatenate([np.full((b, 1), self.cls_id), tokens + self.first_word_id,
-                                  np.full((b, 1), self.sep_id)], axis=1)
-        lengths = rng.integers(n // 2, n + 1, size=b)
-        real = np.arange(n)[None, :] < lengths[:, None]
-        targets = np.where(real, targets, self.pad_id)
-        targets[np.arange(b), lengths - 1] = self.sep_id
-        maskable = real & (targets >= self.first_word_id)
-        # Each word is selected with probability 15%, within the masking budget of real
-        # pretraining (floor(15%) of the maskable tokens, pmi_jax.masking): the first
-        # selected words in a random order are kept, so no row exceeds max_predictions.
-        draw = rng.random((b, n))
-        budget_B = np.maximum(1, (15 * maskable.sum(axis=1)) // 100)
-        order = np.argsort(np.where(maskable, draw, 2.0), axis=1, kind="stable")
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(b, 0), axis=1)
-        selected = maskable & (draw < 0.15) & (rank < budget_B[:, None])
-        action = rng.random((b, n))
-        random_ids = rng.integers(self.first_word_id, self.vocab_size, size=(b, n))
-        inputs = np.where(selected & (action < 0.8), self.mask_id,
-                          np.where(selected & (action < 0.9), random_ids, targets))
-        return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32),
-                "weights": selected.astype(np.float32), "input_mask": real.astype(np.int32)}
-
-    def batches(self, start_step, shard_index, num_shards):
-        rows = self.batch_size // num_shards
-        step = start_step
-        while True:
-            batch = self.global_batch(step)
-            yield {k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in batch.items()}
-            step += 1
+TENSORBOARD_DIR = run_dir.TENSORBOARD_DIR
 
 
 # --------------------------------------------------------------------------------------
@@ -221,55 +101,6 @@ def state_shardings(model, tx, config: ExperimentConfig, mesh) -> tuple[TrainSta
     opt_shardings = found["opt"]
     shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings, rng=replicated)
     return abstract, shardings
-
-
-def masked_positions(weights_BxL, num: int):
-    """(positions_BxP, weights_BxP): the first `num` positions of each row with a non-zero weight.
-
-    Rows with fewer fill up with weight-0 positions. `jax.lax.top_k` keeps the lower index
-    among equal values, so the positions come in order. A row with more than `num` weighted
-    positions would lose the rest: the trainer rejects such batches before they get here
-    (`check_predictions`).
-    """
-    _, positions_BxP = jax.lax.top_k((weights_BxL != 0).astype(jnp.int32), num)
-    return positions_BxP, jnp.take_along_axis(weights_BxL, positions_BxP, axis=1)
-
-
-def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: int) -> None:
-    """UserInputError if a sequence has more masked positions than the MLM head gathers."""
-    limit = config.model.predictions(config.data.seq_len)
-    most = int(np.max(np.count_nonzero(weights_BxL, axis=1), initial=0))
-    if most > limit:
-        raise UserInputError(
-            f"the batch of step {step} has a sequence with {most} masked positions, more than the MLM head's "
-            f"{limit} (model.max_predictions_per_seq={config.model.max_predictions_per_seq}); the masking budget "
-            "is floor(15%) of the tokens, so this data was masked otherwise: raise model.max_predictions_per_seq "
-            "or set it to -1 (every position)")
-
-
-def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
-    """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
-
-    The MLM head runs on the masked positions only, gathered (`masked_positions`), unless the
-    config asks for every position (`max_predictions_per_seq=-1`); the sums are the same,
-    since the other positions have weight 0. The denominator is the masked-token count of
-    the whole global batch, known before the forward pass, so micro-batch terms add up to
-    exactly the full-batch means and no pass over the gradients is needed to normalise them.
-    Accuracy compares the target's logit with the maximum over the vocabulary, both of which
-    the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
-    """
-    targets_BxL, weights_BxL = batch["targets"], batch["weights"]
-    num = model.config.predictions(targets_BxL.shape[1])
-    positions_BxP = None
-    if num < targets_BxL.shape[1]:
-        positions_BxP, weights_BxL = masked_positions(weights_BxL, num)
-        targets_BxL = jnp.take_along_axis(targets_BxL, positions_BxP, axis=1)
-    logits_BxPxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"], deterministic=deterministic,
-                               positions_BxP=positions_BxP, rngs={"dropout": rng})
-    xent_BxP = optax.softmax_cross_entropy_with_integer_labels(logits_BxPxV, targets_BxL)
-    target_logit_BxP = jnp.take_along_axis(logits_BxPxV, targets_BxL[..., None], axis=-1)[..., 0]
-    correct_BxP = jax.lax.stop_gradient(target_logit_BxP >= jnp.max(logits_BxPxV, axis=-1)).astype(jnp.float32)
-    return jnp.sum(xent_BxP * weights_BxL) / denominator, jnp.sum(correct_BxP * weights_BxL) / denominator
 
 
 def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
@@ -416,12 +247,12 @@ class _Preemption:
 class _MetricsLog:
     """Keeps per-step device metrics until the next flush, so logging never blocks a step."""
 
-    def __init__(self, writer: metrics.MetricWriter, config: ExperimentConfig, num_devices: int, peak: float | None):
+    def __init__(self, writer: run_dir.MetricWriter, config: ExperimentConfig, num_devices: int, peak: float | None):
         self.writer = writer
         self.pending: list[tuple[int, dict]] = []
         self.sequences_per_step = config.train.batch_size
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
-        self.flops_per_token = metrics.training_flops_per_token(config.model, config.data.seq_len)
+        self.flops_per_token = flops.training_flops_per_token(config.model, config.data.seq_len)
         self.num_devices = num_devices
         self.peak = peak
         self.clock: tuple[int, float] | None = None  # (step, time) of the last synchronisation
@@ -451,38 +282,23 @@ class _MetricsLog:
             tokens_per_s = steps_per_s * self.tokens_per_step
             scalars["sequences_per_s"] = steps_per_s * self.sequences_per_step
             scalars["tokens_per_s"] = tokens_per_s
-            scalars["mfu"] = metrics.mfu(self.flops_per_token, tokens_per_s, self.num_devices, self.peak)
+            scalars["mfu"] = flops.mfu(self.flops_per_token, tokens_per_s, self.num_devices, self.peak)
         self.clock = (last_step, now)
         self.writer.write(last_step, scalars)
 
 
-def configure_for_corpus(config: ExperimentConfig, corpus: CorpusInfo) -> ExperimentConfig:
-    """Fill the vocabulary size and sequence length left at 0 from the corpus; check the others."""
-    model, data = config.model, config.data
-    if model.vocab_size == 0:
-        model = dataclasses.replace(model, vocab_size=corpus.vocab_size)
-    elif model.vocab_size != corpus.vocab_size:
-        raise UserInputError(f"model.vocab_size={model.vocab_size} but {corpus.data_dir}/vocab.txt has "
-                             f"{corpus.vocab_size} entries (set model.vocab_size=0 to take it from the corpus)")
-    if data.seq_len == 0:
-        data = dataclasses.replace(data, seq_len=corpus.seq_len)
-    elif data.seq_len < corpus.seq_len:
-        raise UserInputError(f"data.seq_len={data.seq_len} but {corpus.data_dir} holds sequences of "
-                             f"{corpus.seq_len} tokens (set data.seq_len=0 to take it from the corpus)")
-    return dataclasses.replace(config, model=model, data=data)
-
-
-def checkpoint_metadata(config: ExperimentConfig, corpus: CorpusInfo | None, step: int) -> dict:
-    """The JSON saved next to every checkpoint; evaluation checks the vocabulary hash."""
-    return {"step": step, "data_position": step, "model": to_dict(config.model), "config": to_dict(config),
-            "data_dir": corpus.data_dir if corpus else config.data.data_dir, "scheme": config.data.scheme,
-            "seq_len": config.data.seq_len,
-            "vocab_size": config.model.vocab_size, "vocab_sha256": corpus.vocab_sha256 if corpus else None,
-            "jax_version": jax.__version__, "process_count": jax.process_count()}
+def checkpoint_metadata(config: ExperimentConfig, corpus: CorpusInfo | None, step: int) -> run_dir.CheckpointMetadata:
+    """The record saved next to every checkpoint; evaluation checks the vocabulary hash."""
+    return run_dir.CheckpointMetadata(
+        step=step, data_position=step, model=to_dict(config.model), config=to_dict(config),
+        data_dir=corpus.data_dir if corpus else config.data.data_dir, scheme=config.data.scheme,
+        seq_len=config.data.seq_len, vocab_size=config.model.vocab_size,
+        vocab_sha256=corpus.vocab_sha256 if corpus else None, jax_version=jax.__version__,
+        process_count=jax.process_count())
 
 
 def device_peak(config: ExperimentConfig) -> float | None:
-    return config.train.peak_flops or metrics.device_peak_flops(jax.devices()[0].device_kind)
+    return config.train.peak_flops or flops.device_peak_flops(jax.devices()[0].device_kind)
 
 
 def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
@@ -502,7 +318,7 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     resume = checkpoints.plan_resume(workdir, config.model, corpus.vocab_sha256 if corpus else None,
                                      corpus.data_dir if corpus else config.data.data_dir)
     start_step = resume.candidates[0] if resume.candidates else 0
-    logdir = workdir.rstrip("/") + "/" + TENSORBOARD_DIR
+    logdir = run_dir.logdir(workdir)
     is_main = jax.process_index() == 0
     if is_main:
         print(f"TensorBoard logs: {logdir}", flush=True)
@@ -516,16 +332,16 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
         if restored:
             start_step, state, saved = restored
             state = TrainState(**state)
-            if saved["data_position"] != start_step:
+            if saved.data_position != start_step:
                 raise UserInputError(f"--workdir {workdir}: checkpoint {start_step} has data position "
-                                     f"{saved['data_position']}")
+                                     f"{saved.data_position}")
         else:
             start_step, state = 0, program.init()
             if initial_params is not None:
                 state = state.replace(params=place_params(initial_params, program.shardings.params))
         step_fn = program.step
 
-        writer = metrics.MetricWriter(logdir, enabled=is_main)
+        writer = run_dir.MetricWriter(logdir, enabled=is_main)
         log = _MetricsLog(writer, config, mesh.devices.size, device_peak(config))
         preemption = _Preemption()
         try:

@@ -3,11 +3,11 @@
 One type serves every reader of a trained model's vocabulary: seqio tooling (showing
 examples), evaluation and fine-tuning (batched encoding, word pieces with offsets), and its
 SHA-256, which checkpoints record. Corpus preparation cuts words it has already split into
-pieces with `preprocess.wordpiece.WordPieceEncoder` instead, because it needs the word
+pieces with `preprocess.corpus.wordpiece.WordPieceEncoder` instead, because it needs the word
 boundaries; the two give the same ids (tests/test_wordpiece.py).
 
 Encoding runs tensorflow_text's BertTokenizer with lower-casing, the same word splitting as
-the rest of the project (`preprocess/words.py`); decoding joins `##` continuation pieces to
+the rest of the project (`preprocess/text/words.py`); decoding joins `##` continuation pieces to
 the previous token and keeps special tokens visible ([CLS], [SEP], [MASK]) but drops
 [PAD], so a decoded masked example reads as text with its masks in place.
 

@@ -1,6 +1,6 @@
 """The Beam pipelines (DirectRunner) produce the local pipelines' outputs, byte for byte.
 
-The corpus is real English (the standard library's documentation, preprocess/demo_corpus.py),
+The corpus is real English (the standard library's documentation, preprocess/text/demo_corpus.py),
 cut into a plain text file and a gzipped JSON-lines file so that both readers run.
 """
 from __future__ import annotations
@@ -16,9 +16,11 @@ import pytest
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
-from preprocess import beam_prepare, beam_vocab, build_vocab, prepare
-from preprocess.build_vocab import VocabOptions
-from preprocess.demo_corpus import iter_demo_documents
+from preprocess.beam import beam_prepare, beam_vocab
+from preprocess.corpus import prepare
+from preprocess.vocab import build_vocab
+from preprocess.vocab.build_vocab import VocabOptions
+from preprocess.text.demo_corpus import iter_demo_documents
 
 VOCAB = VocabOptions(size=400, min_count=3, workers=1)
 

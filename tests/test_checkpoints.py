@@ -20,6 +20,7 @@ import pytest
 from pmi_jax import checkpoints
 from pmi_jax.config import CheckpointConfig, ModelConfig, to_dict
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats.run_dir import CheckpointMetadata
 from pmi_jax.model import BertForMaskedLM
 from tests.damage import truncate_files
 
@@ -121,10 +122,10 @@ def test_save_then_restore_gives_the_arrays_and_metadata_back(saved_run):
     try:
         assert checkpointer.all_steps() == [6, 4, 2]
         assert checkpointer.latest_step() == 6
-        assert checkpointer.metadata(4) == _metadata(4)
+        assert checkpointer.metadata(4) == CheckpointMetadata.from_json(_metadata(4))
         state, metadata = checkpointer.restore(4, _target())
         _assert_trees_equal(state, _state(4))
-        assert metadata == _metadata(4)
+        assert metadata == CheckpointMetadata.from_json(_metadata(4))
         assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(6))))
     finally:
         checkpointer.close()
@@ -227,7 +228,7 @@ def test_damaged_newest_falls_back_and_is_moved_aside(saved_run, run_copy, caplo
     assert plan.candidates == (6, 4, 2) and plan.unreadable == ()
     with caplog.at_level(logging.WARNING):
         step, state, metadata = checkpoints.restore_newest(plan, _target())
-    assert step == 4 and metadata == _metadata(4)
+    assert step == 4 and metadata == CheckpointMetadata.from_json(_metadata(4))
     _assert_trees_equal(state, _state(4))
     assert _listing(os.path.join(run_copy, "checkpoints")) == ["2", "4"]
     assert _listing(os.path.join(run_copy, "unreadable_checkpoints")) == ["6"]
@@ -289,7 +290,7 @@ def test_no_checkpoint_restores_is_a_one_line_error_and_moves_nothing(run_copy):
 
 def test_eval_restores_the_newest_params_of_a_workdir(saved_run, monkeypatch):
     model_config, params, metadata = checkpoints.restore_for_eval(saved_run)
-    assert model_config == MODEL and metadata == _metadata(6)
+    assert model_config == MODEL and metadata == CheckpointMetadata.from_json(_metadata(6))
     _assert_trees_equal(params, _params(6))
     assert {a.sharding for a in jax.tree.leaves(params)} == {jax.sharding.SingleDeviceSharding(jax.devices()[0])}
     monkeypatch.chdir(os.path.dirname(saved_run))
@@ -299,7 +300,7 @@ def test_eval_restores_the_newest_params_of_a_workdir(saved_run, monkeypatch):
 def test_eval_restores_a_named_step_directory(saved_run, monkeypatch):
     monkeypatch.chdir(saved_run)
     model_config, params, metadata = checkpoints.restore_for_eval("checkpoints/2")
-    assert model_config == MODEL and metadata == _metadata(2)
+    assert model_config == MODEL and metadata == CheckpointMetadata.from_json(_metadata(2))
     _assert_trees_equal(params, _params(2))
 
 

@@ -36,7 +36,7 @@ def _png_size(path: str) -> tuple[int, int]:
 
 def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, seed: int = 0) -> str:
     """A run as `pmi-jax train` leaves it: checkpoints with the run's config, and metrics.jsonl."""
-    from pmi_jax import metrics
+    from pmi_jax.formats import run_dir
     from pmi_jax.checkpoints import Checkpointer
     from pmi_jax.config import CheckpointConfig, DataConfig, ExperimentConfig, TrainConfig
     from pmi_jax.train import TENSORBOARD_DIR, checkpoint_metadata
@@ -50,7 +50,7 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
                           checkpoint_metadata(config, None, step))
     checkpointer.wait()
     checkpointer.close()
-    writer = metrics.MetricWriter(os.path.join(workdir, TENSORBOARD_DIR), enabled=True)
+    writer = run_dir.MetricWriter(os.path.join(workdir, TENSORBOARD_DIR), enabled=True)
     for step in range(1, STEPS[-1] + 1):
         writer.write(step, {"loss": 5.0 - 0.3 * step - 0.1 * seed, "accuracy": 0.01 * step})
     writer.close()

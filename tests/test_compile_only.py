@@ -45,7 +45,7 @@ def test_unknown_slices_are_user_errors(name):
 
 
 def _config(*overrides):
-    from pmi_jax.cli.train import load_config
+    from pmi_jax.config import load_config
     from pmi_jax.config import apply_overrides
 
     return apply_overrides(load_config("tiny"), TINY + list(overrides))
@@ -54,7 +54,7 @@ def _config(*overrides):
 _COMPILE_V4 = """
 import dataclasses, json, sys
 from pmi_jax import compile_only
-from pmi_jax.cli.train import load_config
+from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]))
 report, _ = compile_only.compile_train_step(config, "v4-32")
@@ -68,7 +68,7 @@ def test_tiny_compiles_for_a_v4_slice_with_one_device_per_chip():
     are internally consistent: the replicated state is params + AdamW's two moments."""
     import jax
 
-    from pmi_jax import metrics
+    from pmi_jax import flops
     from pmi_jax.model import BertForMaskedLM
 
     overrides = TINY + ["model.scan_layers=true", "model.remat=dots_saveable"]
@@ -86,7 +86,7 @@ def test_tiny_compiles_for_a_v4_slice_with_one_device_per_chip():
     assert report["batch_bytes"] == 4 * 16 * 64 * 4 // 16  # four [16, 64] 4-byte arrays split 16 ways
     assert report["fits"] and report["hbm_bytes"] == 32 * 2**30
     assert report["total_bytes"] >= report["state_bytes"] + report["temp_bytes"]
-    per_device = metrics.training_flops_per_token(config.model, 64) * 16 * 64 / 16
+    per_device = flops.training_flops_per_token(config.model, 64) * 16 * 64 / 16
     assert report["formula_flops"] == pytest.approx(per_device)
     assert report["compiler_flops"] > 0
     assert any("fits" in line for line in report["lines"])
@@ -125,7 +125,7 @@ def test_a_program_that_does_not_fit_is_reported_as_such():
 _COMPILE_VARIANTS = """
 import hashlib, json, re, sys
 from pmi_jax import compile_only
-from pmi_jax.cli.train import load_config
+from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 out = {}
 for setting in ("cpu", "never", "always"):

@@ -73,3 +73,37 @@ def test_config_round_trips_through_json():
 def test_scheme_names_are_defined_once_and_consistently():
     assert set(UNIT_SCHEMES) <= set(SCHEMES) and len(set(SCHEMES)) == len(SCHEMES)
     assert dataclasses.fields(ExperimentConfig)[1].default.scheme in SCHEMES
+
+
+def test_a_bad_scheme_is_refused_where_it_is_given(tmp_path):
+    """One check (config.check_scheme, run by DataConfig); the error names where the value came from."""
+    from pmi_jax.experiment import RunSpec, resolve_config
+
+    with pytest.raises(UserInputError, match=r"^--scheme: data.scheme 'pmi_masking': not a masking scheme; choose "
+                                             r"one of random_token, "):
+        resolve_config(RunSpec(config="tiny", scheme="pmi_masking"))
+    with pytest.raises(UserInputError, match=r"^override 'data.scheme=spans': data.scheme 'spans': not a masking"):
+        resolve_config(RunSpec(config="tiny", overrides=("data.scheme=spans",)))
+    config_file = tmp_path / "mine.py"
+    config_file.write_text("import dataclasses\nfrom configs.tiny import get_config as tiny\n"
+                           "from pmi_jax.config import DataConfig\n\n\ndef get_config():\n"
+                           "    return dataclasses.replace(tiny(), data=DataConfig(scheme='wwm'))\n")
+    with pytest.raises(UserInputError, match=rf"^--config {config_file} \({config_file}\): data.scheme 'wwm': not a"):
+        resolve_config(RunSpec(config=str(config_file)))
+    assert resolve_config(RunSpec(config="tiny", scheme="random_span"))[0].data.scheme == "random_span"
+
+
+def test_the_sequence_length_rule():
+    """0 means the corpus's length; a shorter one would cut its sequences; a longer one pads."""
+    from pmi_jax.formats.prepared_corpus import training_seq_len
+
+    assert training_seq_len(0, 128, "d") == 128 and training_seq_len(None, 128, "d") == 128
+    assert training_seq_len(256, 128, "d") == 256 and training_seq_len(128, 128, "d") == 128
+    with pytest.raises(UserInputError, match=r"data.seq_len=64 but d holds sequences of up to 128 tokens"):
+        training_seq_len(64, 128, "d")
+
+
+def test_paper_schemes_are_the_schemes():
+    from configs.experiments import PAPER_SCHEMES
+
+    assert PAPER_SCHEMES is SCHEMES

@@ -13,7 +13,7 @@ import tensorflow as tf
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import glue, race, squad
 from pmi_jax.eval.heads import Encoded
-from pmi_jax.eval.packing import pack, truncate_pair
+from pmi_jax.eval.bert_inputs import pack, truncate_pair
 from pmi_jax.formats.wordpiece_vocab import check_matches_checkpoint
 from pmi_jax.vocabularies import WordPieceVocabulary
 from tests import eval_data

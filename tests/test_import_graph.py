@@ -5,6 +5,9 @@
     preprocess/*                   may import the bottom layer of pmi_jax only
     pmi_jax/errors, storage, formats/*   the bottom layer: imports nothing else of the project
 
+Inside preprocess/, the shared readers (preprocess/text) import no stage, and only the Beam
+runners (preprocess/beam) import preprocess/beam.
+
 Read from the source with `ast` (nothing is imported), including imports inside functions, so
 a lazy import cannot hide an edge. A failure names every offending edge as file:line.
 """
@@ -76,9 +79,14 @@ def _violations(modules, allowed) -> list[str]:
 def test_the_graph_is_read():
     """The parser sees known edges, so an empty violation list means something."""
     assert "pmi_jax.storage" in {t for _, t in project_imports("pmi_jax.formats.prepared_corpus")}
-    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.build_vocab")}
+    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.vocab.build_vocab")}
     assert any(_within(t, "preprocess") for m in MODULES if _within(m, "pmi_jax.cli") for _, t in project_imports(m))
     assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
+    for module in ("pmi_jax.formats.run_dir", "pmi_jax.batches", "pmi_jax.mlm_loss", "pmi_jax.experiment",
+                   "pmi_jax.eval.run_eval", "preprocess.corpus.output_state", "preprocess.vocab.build_vocab",
+                   "preprocess.text.documents", "preprocess.beam.beam_prepare"):
+        assert module in MODULES, module
+    assert "pmi_jax.formats.run_dir" in {t for _, t in project_imports("pmi_jax.train")}
 
 
 def test_no_library_module_of_pmi_jax_imports_preprocess():
@@ -94,6 +102,20 @@ def test_preprocess_builds_on_the_bottom_layer_only():
     assert not bad, f"preprocess/ may import only {', '.join(BOTTOM)} of pmi_jax:\n" + "\n".join(bad)
 
 
+def test_the_shared_text_readers_import_no_stage():
+    readers = [m for m in MODULES if _within(m, "preprocess.text")]
+    assert readers
+    bad = _violations(readers, lambda m, target: not _within(target, "preprocess") or _within(target, "preprocess.text")
+                      or target == "preprocess")
+    assert not bad, "preprocess/text is shared by the stages and imports none of them:\n" + "\n".join(bad)
+
+
+def test_only_the_beam_runners_import_beam():
+    others = [m for m in MODULES if not _within(m, "preprocess.beam") and not _within(m, "pmi_jax.cli")]
+    bad = _violations(others, lambda m, target: not _within(target, "preprocess.beam"))
+    assert not bad, "preprocess/beam is imported only by the commands:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("layer", BOTTOM)
 def test_the_bottom_layer_imports_nothing_else_of_the_project(layer):
     modules = [m for m in MODULES if _within(m, layer)]
@@ -105,7 +127,7 @@ def test_the_bottom_layer_imports_nothing_else_of_the_project(layer):
 def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     """The checks fail, naming the edge, on a module that breaks the rule."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\n\n\ndef f():\n    from preprocess.build_vocab import VocabOptions\n")
+    bad.write_text("import os\n\n\ndef f():\n    from preprocess.vocab.build_vocab import VocabOptions\n")
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
-        "bad.py:5 imports preprocess.build_vocab"]
+        "bad.py:5 imports preprocess.vocab.build_vocab"]

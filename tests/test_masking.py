@@ -41,7 +41,7 @@ def prepared(corpus_dir):
 
 def _masked_examples(data_dir: str, scheme: str, *, seed: int = 0, num_epochs: int = 1) -> list[dict]:
     """Every train example of the scheme's task in file order, padding removed."""
-    task = tasks.make_task(f"test_{scheme}", tasks.PreparedCorpus(data_dir), scheme)
+    task = tasks.make_task(f"test_{scheme}", tasks.TaskCorpus(data_dir), scheme)
     ds = task.get_dataset(None, "train", shuffle=False, seed=seed, num_epochs=num_epochs).batch(512)
     examples = []
     for batch in ds.as_numpy_iterator():
@@ -140,7 +140,7 @@ def test_each_unit_is_masked_randomised_or_kept_80_10_10(masked, scheme):
 
 
 def test_random_replacements_are_uniform_over_regular_ids(masked, corpus_dir):
-    regular = tasks.PreparedCorpus(corpus_dir).regular_ids
+    regular = tasks.TaskCorpus(corpus_dir).regular_ids
     draws = []
     for scheme in ("random_token", "whole_word"):
         for ex in masked(scheme):
@@ -240,7 +240,7 @@ def test_masks_are_deterministic_and_fresh_each_epoch_and_seed(corpus_dir):
 
 
 def test_a_mask_does_not_depend_on_its_batch(corpus_dir):
-    corpus = tasks.PreparedCorpus(corpus_dir)
+    corpus = tasks.TaskCorpus(corpus_dir)
     source = tasks.PreparedCorpusSource(corpus, corpus.unit_names)
     batch = next(source.get_dataset("train", shuffle=False).batch(16).as_numpy_iterator())
     regular = tf.constant(corpus.regular_ids, tf.int32)

@@ -12,10 +12,10 @@ import pytest
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
-from preprocess import vocab_selection
-from preprocess.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
-from preprocess.documents import iter_documents
-from preprocess.words import split_words
+from preprocess.vocab import vocab_selection
+from preprocess.vocab.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
+from preprocess.text.documents import iter_documents
+from preprocess.text.words import split_words
 
 
 # ---------------------------------------------------------------------------------------------

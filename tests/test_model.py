@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from pmi_jax import metrics
+from pmi_jax import flops
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertEncoder, BertForMaskedLM, ModelConfig
 
@@ -179,7 +179,7 @@ def test_flops_formula_matches_the_compiled_training_step():
 
     cost = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    expected = metrics.training_flops_per_token(config, length) * batch * length
+    expected = flops.training_flops_per_token(config, length) * batch * length
     assert expected <= cost["flops"] <= 1.15 * expected, (cost["flops"], expected)
     # Halving the attention term (a causal count) would fall outside that band.
     attention = 12 * config.num_layers * length * config.hidden_size * batch * length

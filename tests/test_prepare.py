@@ -12,10 +12,10 @@ import tensorflow as tf
 from pmi_jax.cli import main as cli_main
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus
-from preprocess.documents import expand_inputs, iter_documents
-from preprocess.packing import SequencePacker
-from preprocess.prepare import PrepareConfig, assign_documents, prepare
-from preprocess.words import split_words
+from preprocess.text.documents import expand_inputs, iter_documents
+from preprocess.corpus.sequence_packing import SequencePacker
+from preprocess.corpus.prepare import PrepareConfig, assign_documents, prepare
+from preprocess.text.words import split_words
 
 PHRASES = ["the united states", "air force", "united states air force", "new york city", "new york",
            "york city hall", "of the", "in the", "machine learning", "learning rate"]

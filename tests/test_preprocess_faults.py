@@ -231,7 +231,7 @@ def test_a_damaged_prepared_corpus_is_one_line_for_every_reader(data_dir, tmp_pa
     broken = _damaged_copy(data_dir, tmp_path / "data", name, change)
     _one_line_error(capsys, main(["corpus", "show", str(broken)]), message)
     with pytest.raises(UserInputError, match=message.replace("`", ".").split(" (")[0]):
-        tasks.PreparedCorpus(str(broken))  # what `train`, `data` and `eval` open
+        tasks.TaskCorpus(str(broken))  # what `train`, `data` and `eval` open
 
 
 def _flip_bytes(path: pathlib.Path, offset: int = 20) -> None:

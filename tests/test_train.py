@@ -17,8 +17,9 @@ import jax
 import numpy as np
 import pytest
 
-from pmi_jax import checkpoints, metrics, train
-from pmi_jax.cli.train import load_config
+from pmi_jax import checkpoints, flops, train
+from pmi_jax.formats import run_dir
+from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 from pmi_jax.errors import UserInputError
 from tests.damage import truncate_files
@@ -58,7 +59,7 @@ def _source(config):
 
 
 def _losses(workdir):
-    records = metrics.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
     return [records[s]["loss"] for s in sorted(records)]
 
 
@@ -135,7 +136,7 @@ def test_fsdp_and_gradient_accumulation_give_the_full_batch_losses(tmp_path):
 _SLOW_RUN = """
 import json, sys, time
 from pmi_jax import train
-from pmi_jax.cli.train import load_config
+from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 
 class Slow(train.SyntheticBatches):
@@ -209,7 +210,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_only_good_checkpoints(tmp_path):
     bad_step = int(str(error.value).split(" at step ")[1].split(";")[0])
     saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
     assert saved and max(saved) < bad_step
-    assert all(np.isfinite(r["loss"]) for r in metrics.read_metrics(os.path.join(workdir, "tensorboard")).values())
+    assert all(np.isfinite(r["loss"]) for r in run_dir.read_metrics(os.path.join(workdir, "tensorboard")).values())
 
 
 def test_checkpoint_loads_for_evaluation(reference):
@@ -342,26 +343,26 @@ def test_overrides_parse_by_field_type():
 
 
 def test_device_peaks_and_mfu():
-    assert metrics.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert metrics.device_peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert metrics.device_peak_flops("NVIDIA H200") == 989e12
-    assert metrics.device_peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
-    assert metrics.device_peak_flops("TPU v4") == 275e12
-    assert metrics.device_peak_flops("TPU v5 lite") == 197e12
-    assert metrics.device_peak_flops("TPU v5") == 459e12
-    assert metrics.device_peak_flops("TPU v5p") == 459e12
-    assert metrics.device_peak_flops("TPU v6 lite") == 918e12
-    assert metrics.device_peak_flops("cpu") is None
+    assert flops.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert flops.device_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert flops.device_peak_flops("NVIDIA H200") == 989e12
+    assert flops.device_peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert flops.device_peak_flops("TPU v4") == 275e12
+    assert flops.device_peak_flops("TPU v5 lite") == 197e12
+    assert flops.device_peak_flops("TPU v5") == 459e12
+    assert flops.device_peak_flops("TPU v5p") == 459e12
+    assert flops.device_peak_flops("TPU v6 lite") == 918e12
+    assert flops.device_peak_flops("cpu") is None
     # BERT-base at 512 tokens: 6 x 109.0M matmul weights + 12 x 12 x 512 x 768 attention.
     base = dataclasses.replace(load_config("base").model, vocab_size=30522, max_predictions_per_seq=-1)
-    per_token = metrics.training_flops_per_token(base, 512)
+    per_token = flops.training_flops_per_token(base, 512)
     assert per_token == 6 * 108_965_376 + 12 * 12 * 512 * 768
     # The gathered head runs the transform and decoder on 80 of the 512 positions.
     gathered = dataclasses.replace(base, max_predictions_per_seq=0)
     head = 768 * 768 + 768 * 30522
-    assert metrics.training_flops_per_token(gathered, 512) == pytest.approx(per_token - 6 * head * (1 - 80 / 512))
-    assert metrics.mfu(per_token, 1e6, 8, 989e12) == pytest.approx(per_token * 1e6 / (8 * 989e12))
-    assert metrics.mfu(per_token, 1e6, 8, None) is None
+    assert flops.training_flops_per_token(gathered, 512) == pytest.approx(per_token - 6 * head * (1 - 80 / 512))
+    assert flops.mfu(per_token, 1e6, 8, 989e12) == pytest.approx(per_token * 1e6 / (8 * 989e12))
+    assert flops.mfu(per_token, 1e6, 8, None) is None
 
 
 # ---------------------------------------------------------------- paths, vocabulary, damaged checkpoints

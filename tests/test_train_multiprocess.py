@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from pmi_jax import metrics, train
-from pmi_jax.cli.train import load_config
+from pmi_jax import train
+from pmi_jax.formats import run_dir
+from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 
 OVERRIDES = ["model.vocab_size=128", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
@@ -93,7 +94,7 @@ def test_a_hung_or_failed_process_fails_the_test_with_every_output(tmp_path):
 
 
 def _losses(workdir):
-    records = metrics.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
     return [records[s]["loss"] for s in sorted(records)]
 
 

@@ -8,8 +8,8 @@ import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import wordpiece_vocab
-from preprocess import wordpiece
-from preprocess.words import split_words
+from preprocess.corpus import wordpiece
+from preprocess.text.words import split_words
 
 TRAINING_TEXT = [
     "The United States Air Force was founded in 1947; its headquarters are in the Pentagon.",

@@ -4,14 +4,11 @@ from __future__ import annotations
 import argparse
 
 from pmi_jax.cli.defaults import LibraryDefault, value_of
-from preprocess import beam_options
+from preprocess.beam import beam_options
 
 
 def _config(field: str) -> LibraryDefault:
-    return LibraryDefault("preprocess.prepare", "PrepareConfig", field)
-
-
-_CONFIGS = ("tiny", "small", "base", "large")  # the configs/ a --seq-len must fit (max_position_embeddings)
+    return LibraryDefault("preprocess.corpus.prepare", "PrepareConfig", field)
 
 
 def add_parser(subparsers) -> None:
@@ -96,30 +93,20 @@ def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(units)
 
 
-def _check_trainable(seq_len: int) -> None:
-    """A --seq-len no config's model can take would be found only when training starts: say so now."""
-    from pmi_jax.cli.train import load_config
-    from pmi_jax.errors import UserInputError
-
-    longest = max(load_config(name).model.max_position_embeddings for name in _CONFIGS)
-    if seq_len > longest:
-        raise UserInputError(f"--seq-len {seq_len}: no config can train on it (max_position_embeddings is at most "
-                             f"{longest} in configs/{{{','.join(_CONFIGS)}}}.py)")
-
-
 def run_prepare(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.prepare import PrepareConfig, prepare
+    from pmi_jax.config import check_trainable_seq_len
+    from preprocess.corpus.prepare import PrepareConfig, prepare
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
         wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
-    _check_trainable(config.seq_len)
+    check_trainable_seq_len(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
-            from preprocess import beam_prepare
+            from preprocess.beam import beam_prepare
 
             metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
         else:

@@ -71,7 +71,7 @@ def _examples(args: argparse.Namespace):
 
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
-    tasks.PreparedCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
+    tasks.TaskCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
     (name,) = tasks.register_corpus("data", args.data, [args.scheme])
     task = seqio.get_mixture_or_task(name)
     ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)

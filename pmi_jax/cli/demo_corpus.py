@@ -14,12 +14,15 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--output", required=True, help="directory to create (local or gs://)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    p.add_argument("--installed", action="store_true",
+                   help="also write installed_docs.txt: the prose of every installed package's docstrings "
+                   "(about 5M words with the pinned constraints.txt; the CPU comparison's corpus)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.demo_corpus import iter_demo_documents
+    from preprocess.text.demo_corpus import iter_demo_documents, iter_installed_documents
 
     storage.check_new_output(args.output, args.overwrite, directory=True)
     count = 0
@@ -28,5 +31,10 @@ def run(args: argparse.Namespace) -> int:
             for doc in iter_demo_documents():
                 f.write(doc + "\n\n")
                 count += 1
-    print(f"wrote {count} documents to {args.output}/stdlib_docs.txt")
+        if args.installed:
+            with storage.gfile.GFile(storage.join(tmp, "installed_docs.txt"), "w") as f:
+                for doc in iter_installed_documents():
+                    f.write(doc + "\n\n")
+                    count += 1
+    print(f"wrote {count} documents to {args.output}")
     return 0

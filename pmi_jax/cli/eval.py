@@ -18,9 +18,6 @@ Where results go inside the run directory (what `pmi-jax compare` reads):
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import os
 
 from pmi_jax.cli import quiet
 from pmi_jax.errors import UserInputError
@@ -178,40 +175,17 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
             for name in ("checkpoint", "data", "vocab", "test_data", "tfds_data_dir")]
 
 
-def _run_dir(checkpoint: str) -> str:
-    """The training workdir of a workdir or of one of its checkpoints/<step> directories."""
-    parts = checkpoint.rstrip("/").rsplit("/", 2)
-    if len(parts) == 3 and parts[1] == "checkpoints" and parts[2].isdigit():
-        return parts[0]
-    return checkpoint.rstrip("/")
-
-
 def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
     """The checkpoint directories --checkpoint and --steps name, in step order."""
-    from pmi_jax import checkpoints, storage
+    from pmi_jax.eval.run_eval import checkpoint_paths
 
-    if steps is None:
-        return [checkpoint]
-    run = _run_dir(checkpoint)
-    folder = checkpoints.checkpoint_dir(run)
-    available = checkpoints.step_directories(run)
-    if not available:
-        raise UserInputError(f"--checkpoint {checkpoint}: no checkpoints/<step> directories in {run}")
-    if steps == "all":
-        chosen = available
-    else:
-        chosen = _parse_list(steps, int, "--steps")
-        missing = [str(n) for n in chosen if n not in available]
-        if missing:
-            raise UserInputError(f"--steps {steps}: no checkpoint at step {', '.join(missing)} in {run} "
-                                 f"(steps there: {', '.join(map(str, available))})")
-    return [storage.join(folder, str(n)) for n in sorted(set(chosen))]
+    chosen = steps if steps in (None, "all") else _parse_list(steps, int, "--steps")
+    return checkpoint_paths(checkpoint, chosen)
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
-    from pmi_jax import checkpoints, storage
-    from pmi_jax.eval import perplexity
-    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax import storage
+    from pmi_jax.eval.run_eval import PerplexityRequest, perplexity_of_checkpoints
 
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
@@ -220,37 +194,13 @@ def run_perplexity(args: argparse.Namespace) -> int:
     if args.output:
         storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
-    paths = _checkpoints(args.checkpoint, args.steps)
-    if args.output and len(paths) > 1:
-        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
-    for run in sorted({_run_dir(path) for path in paths}):  # the result is always filed there: check first
-        eval_dir = storage.join(run, "eval")
-        storage.check_writable_directory(eval_dir, f"--checkpoint {args.checkpoint}: its results folder {eval_dir}")
-    for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
-        data_dir = args.data or metadata.get("data_dir")
-        if not data_dir:
-            raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
-        corpus = perplexity.open_corpus_for(data_dir, config, metadata.get("vocab_sha256"), path)
-        seq_len, special = corpus.seq_len, corpus.special_ids
-        result = perplexity.single_token_perplexity(
-            BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, args.split, args.max_sequences),
-            seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
-            positions=positions, seed=args.seed, batch_size=args.batch_size)
-        report = {"checkpoint": path, "step": metadata.get("step"), "scheme": metadata.get("scheme"),
-                  "data": data_dir, "split": args.split, "positions": args.positions, "seed": args.seed,
-                  "max_sequences": args.max_sequences, "perplexity": result.perplexity, "mean_nll": result.mean_nll,
-                  "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
-        text = json.dumps(report, indent=2) + "\n"
-        eval_dir = storage.join(_run_dir(path), "eval")
-        storage.gfile.makedirs(eval_dir)
-        for target in [storage.join(eval_dir, f"perplexity-{args.split}-step{metadata.get('step')}.json"),
-                       *([args.output] if args.output else [])]:
-            with storage.write_errors(target), storage.atomic_file(target) as f:
-                f.write(text)
-        print(f"single-token perplexity {result.perplexity:.3f} (mean NLL {result.mean_nll:.4f} nats) over "
-              f"{result.num_tokens} tokens of {result.num_sequences} {args.split} sequences, checkpoint step "
-              f"{metadata.get('step')}, scheme {metadata.get('scheme')}")
+    request = PerplexityRequest(data=args.data, split=args.split, positions=positions, positions_text=args.positions,
+                                seed=args.seed, max_sequences=args.max_sequences, batch_size=args.batch_size,
+                                output=args.output)
+    for report in perplexity_of_checkpoints(_checkpoints(args.checkpoint, args.steps), request):
+        print(f"single-token perplexity {report['perplexity']:.3f} (mean NLL {report['mean_nll']:.4f} nats) over "
+              f"{report['num_tokens']} tokens of {report['num_sequences']} {args.split} sequences, checkpoint step "
+              f"{report['step']}, scheme {report['scheme']}")
     return 0
 
 
@@ -280,10 +230,8 @@ def _finetune_config(args: argparse.Namespace):
 def run_finetune(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from pmi_jax import checkpoints, storage
     from pmi_jax.eval import finetune
-    from pmi_jax.formats.wordpiece_vocab import check_matches_checkpoint
-    from pmi_jax.vocabularies import WordPieceVocabulary
+    from pmi_jax.eval.run_eval import FinetuneRequest, finetune_checkpoints
 
     task = finetune.get_task(args.task)
     settings = _finetune_config(args)
@@ -295,68 +243,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     _absolute_paths(args)
 
     quiet.quiet_checkpoint_reads()
-    paths = _checkpoints(args.checkpoint, args.steps)
-
-    def output_for(path: str, step) -> str:
-        if args.output:
-            return args.output if len(paths) == 1 else storage.join(args.output, f"step{step}")
-        return storage.join(_run_dir(path), "eval", f"{task.name.replace('/', '-')}-{settings.protocol}-step{step}")
-
-    if len(paths) > 1:  # every output checked before hours of fine-tuning, not after
-        for path in paths:
-            storage.check_new_output(output_for(path, os.path.basename(path)), args.overwrite, directory=True,
-                                     inputs=_inputs(args))
-    encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
-    for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
-        step = metadata.get("step")
-        output = output_for(path, step)
-        storage.check_new_output(output, args.overwrite, directory=True,
-                                 inputs=[*_inputs(args), ("the checkpoint's corpus", metadata.get("data_dir"))])
-        if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
-            vocab = args.vocab or (storage.join(metadata["data_dir"], "vocab.txt") if metadata.get("data_dir")
-                                   else None)
-            if not vocab:
-                raise UserInputError(f"checkpoint {path} records no corpus; pass --vocab")
-            wordpiece = WordPieceVocabulary(vocab)
-            max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
-            if max_seq_len > config.max_position_embeddings:
-                raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
-                                     f"{config.max_position_embeddings} tokens")
-            for split in ("train", "dev", "test"):
-                if split == "test":
-                    if not args.test_data:
-                        continue
-                    examples[split] = task.read(args.test_data, "test")
-                else:
-                    examples[split] = _read_examples(task, args, split)
-                encoded[split] = task.encode(examples[split], wordpiece, max_seq_len)
-                logging.info("%s %s: %d examples, %d model inputs", task.name, split, len(examples[split]),
-                             len(encoded[split].arrays["input_ids"]))
-        check_matches_checkpoint(f"--vocab {vocab}" if args.vocab else f"the corpus's vocabulary {vocab}",
-                                 sha256=wordpiece.sha256, size=wordpiece.vocab_size,
-                                 expected_sha256=metadata.get("vocab_sha256"), vocab_size=config.vocab_size,
-                                 checkpoint=path)
-
-        result = finetune.evaluate_checkpoint(task, config, params["encoder"], encoded["train"], encoded["dev"],
-                                              dataclasses.replace(settings, max_seq_len=max_seq_len),
-                                              encoded.get("test"))
-        result.update({"checkpoint": path, "step": step, "scheme": metadata.get("scheme"),
-                       "data": args.data or f"tfds:{args.tfds}", "test_data": args.test_data,
-                       "max_seq_len": max_seq_len})
-        test_outputs = result.pop("test_outputs", None)
-        title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.get('scheme')})"
-        with storage.write_errors(output), storage.atomic_directory(output, overwrite=args.overwrite) as tmp:
-            if test_outputs is not None:
-                written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
-                result["test_predictions"] = [storage.join(output, os.path.basename(w)) for w in written]
-            with storage.gfile.GFile(storage.join(tmp, "results.json"), "w") as f:
-                f.write(json.dumps(result, indent=2) + "\n")
-            with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
-                f.write(finetune.markdown_report(result, title))
+    request = FinetuneRequest(task=task, settings=settings, read_examples=lambda split: _read_examples(task, args, split),
+                              data_label=args.data or f"tfds:{args.tfds}", test_data=args.test_data, vocab=args.vocab,
+                              output=args.output, overwrite=args.overwrite, inputs=tuple(_inputs(args)))
+    for result, output in finetune_checkpoints(_checkpoints(args.checkpoint, args.steps), request):
         best = result["best"]
         test = f"; test {best['test']['score']:.2f}" if "test" in best else ""
-        print(f"{task.name} step {step} ({settings.protocol} protocol): dev {result['metric']} "
+        print(f"{task.name} step {result['step']} ({settings.protocol} protocol): dev {result['metric']} "
               f"{best['aggregate']['score']:.2f} (batch size {best['batch_size']}, learning rate "
               f"{best['learning_rate']:g}){test}; results in {output}/results.md")
     return 0

@@ -10,6 +10,7 @@ no other file. docs/huggingface.md lists how every parameter maps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
 from pmi_jax.errors import UserInputError
@@ -55,21 +56,15 @@ def _checkpoint_path(checkpoint: str, step: int | None) -> str:
     return storage.join(root, str(step))
 
 
-def _vocabulary(vocab: str | None, metadata: dict, checkpoint: str, vocab_size: int) -> tuple[str, list[str]]:
-    """The checkpoint's own vocab.txt and its tokens, checked against the hash the run recorded."""
-    from pmi_jax import storage
-    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+def _vocabulary(vocab: str | None, metadata, checkpoint: str, vocab_size: int) -> tuple[str, list[str]]:
+    """The checkpoint's own vocab.txt and its tokens (run_dir.vocabulary_for checks the hash)."""
+    from pmi_jax.formats import run_dir, wordpiece_vocab
 
-    data_dir = metadata.get("data_dir")
-    path = vocab or (prepared_corpus.vocab_path(data_dir) if data_dir and metadata.get("vocab_sha256") else None)
-    if not path:
-        raise UserInputError(f"checkpoint {checkpoint} records no corpus vocabulary; pass --vocab VOCAB_TXT")
+    if not vocab and not metadata.vocab_sha256:  # synthetic batches: no corpus vocabulary to export
+        metadata = dataclasses.replace(metadata, data_dir=None)
+    path = run_dir.vocabulary_for(metadata, checkpoint, vocab_size, vocab=vocab, flag="--vocab VOCAB_TXT")
     tokens = wordpiece_vocab.read_vocab(path)
-    source = f"--vocab {path}" if vocab else f"the corpus {data_dir}: {path}"
-    wordpiece_vocab.check_matches_checkpoint(source, sha256=storage.file_sha256(path), size=len(tokens),
-                                             expected_sha256=metadata.get("vocab_sha256"), vocab_size=vocab_size,
-                                             checkpoint=checkpoint)
-    wordpiece_vocab.special_ids(tokens, source)
+    wordpiece_vocab.special_ids(tokens, f"--vocab {path}" if vocab else path)
     return path, tokens
 
 
@@ -87,11 +82,11 @@ def _corpus_metadata(data_dir: str | None) -> dict | None:
 
 
 def _perplexity(path: str | None, step) -> dict | None:
-    from pmi_jax.eval import perplexity
+    from pmi_jax.formats import run_dir
 
     if path is None:
         return None
-    result = perplexity.read_result(path, "--perplexity")
+    result = run_dir.read_perplexity_result(path, "--perplexity")
     if result.get("step") != step:
         raise UserInputError(f"--perplexity {path}: evaluates step {result.get('step')}, the export is step {step}")
     return result
@@ -109,17 +104,17 @@ def run_hf(args: argparse.Namespace) -> int:
     quiet.quiet_checkpoint_reads()
     checkpoint = _checkpoint_path(args.checkpoint, args.step)
     config, params, metadata = checkpoints.restore_for_eval(checkpoint)
-    storage.check_output_apart(args.output, [("the checkpoint's corpus", metadata.get("data_dir"))])
-    vocab_size = int(metadata.get("vocab_size") or config.vocab_size)
+    storage.check_output_apart(args.output, [("the checkpoint's corpus", metadata.data_dir)])
+    vocab_size = int(metadata.vocab_size or config.vocab_size)
     _, tokens = _vocabulary(args.vocab, metadata, checkpoint, vocab_size)
-    perplexity = _perplexity(args.perplexity, metadata.get("step"))
+    perplexity = _perplexity(args.perplexity, metadata.step)
     tensors = huggingface.to_transformers(jax.device_get(params), config, vocab_size)
     pad_id = wordpiece_vocab.special_ids(tokens)["pad"]
-    card = huggingface.model_card(config=config, metadata=metadata, corpus=_corpus_metadata(metadata.get("data_dir")),
+    card = huggingface.model_card(config=config, metadata=metadata, corpus=_corpus_metadata(metadata.data_dir),
                                   vocab_size=vocab_size, perplexity=perplexity)
     with storage.write_errors(args.output), storage.atomic_directory(args.output, args.overwrite) as tmp:
         hf_checkpoint.write_checkpoint(tmp, huggingface.transformers_config(config, vocab_size, pad_id), tensors,
                                        tokens, config.max_position_embeddings, card)
     size = sum(t.nbytes for t in tensors.values())
-    print(f"exported step {metadata.get('step')} ({len(tensors)} tensors, {size / 2**20:.1f} MiB) to {args.output}")
+    print(f"exported step {metadata.step} ({len(tensors)} tensors, {size / 2**20:.1f} MiB) to {args.output}")
     return 0

@@ -13,16 +13,12 @@ Check that a config fits a TPU slice, on any machine with libtpu installed (noth
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import logging
-import os
 import sys
 
-from pmi_jax.config import SCHEMES, UNIT_SCHEMES
+# config_path, load_config: re-exported for importers written before pmi_jax/config.py held them.
+from pmi_jax.config import SCHEMES, SYNTHETIC, UNIT_SCHEMES, config_path, load_config  # noqa: F401
 from pmi_jax.errors import UserInputError
-
-SYNTHETIC = "synthetic"
 
 
 def add_parser(subparsers) -> None:
@@ -91,95 +87,17 @@ def _compile_only(args, config) -> int:
     return 0
 
 
-def config_path(name_or_path: str) -> str:
-    """`tiny` -> configs/tiny.py next to the pmi_jax package (editable or installed); paths as given."""
-    if name_or_path.endswith(".py") or os.sep in name_or_path:
-        if not os.path.exists(name_or_path):
-            raise UserInputError(f"--config {name_or_path}: no such file")
-        return name_or_path
-    import pmi_jax
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(pmi_jax.__file__))), "configs",
-                        f"{name_or_path}.py")
-    if not os.path.exists(path):
-        raise UserInputError(f"--config {name_or_path}: no {path} (try tiny, small, base, large or a .py path)")
-    return path
-
-
-def load_config(name_or_path: str):
-    """Execute the config file and return its get_config()."""
-    path = config_path(name_or_path)
-    spec = importlib.util.spec_from_file_location(f"pmi_jax_config_{os.path.basename(path)[:-3]}", path)
-    module = importlib.util.module_from_spec(spec)
-    with _config_errors(name_or_path, path):
-        spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise UserInputError(f"--config {name_or_path}: {path} defines no get_config()")
-    with _config_errors(name_or_path, path):
-        return module.get_config()
-
-
-@contextlib.contextmanager
-def _config_errors(name: str, path: str):
-    """A config file that does not run (a syntax error, a bad import, an exception in get_config())
-    is the user's input: one line with its file and line number instead of a traceback."""
-    import traceback
-
-    try:
-        yield
-    except UserInputError:
-        raise
-    except SyntaxError as e:
-        raise UserInputError(f"--config {name}: {e.filename or path}:{e.lineno}: {e.msg}") from None
-    except Exception as e:  # noqa: BLE001 - any failure of the user's file
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
-        where = f"{path}:{frames[-1].lineno}" if frames else path
-        raise UserInputError(f"--config {name}: {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                             ) from None
-
-
-def _initialize_distributed(args) -> None:
-    import jax
-
-    if args.coordinator_address or args.num_processes:
-        if args.coordinator_address is None or args.num_processes is None or args.process_id is None:
-            raise UserInputError("--coordinator-address, --num-processes and --process-id go together")
-        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-        return
-    try:
-        jax.distributed.initialize()  # TPU pod slices, SLURM, ... configure themselves
-    except (ValueError, RuntimeError) as e:
-        logging.info("single process (jax.distributed not initialised: %s)", str(e).splitlines()[0])
-
-
 def run(args) -> int:
-    import dataclasses
-
     for noisy in ("absl", "jax"):  # Orbax's per-save INFO lines and JAX's backend probing drown the metrics
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from pmi_jax import paths
-    from pmi_jax.config import apply_overrides
+    from pmi_jax import experiment, train
 
-    config = load_config(args.config)
-    overrides = list(args.overrides) + list(args.positional_overrides)
-    config = apply_overrides(config, overrides)
-    pretrained = None
-    if args.init_from:
-        from pmi_jax import huggingface
-
-        pretrained = huggingface.read_pretrained(args.init_from)
-        config = dataclasses.replace(config, model=huggingface.resolve_model_config(
-            config.model, pretrained.fields, overrides, args.config, args.init_from))
-    data_dir = args.data if args.data is not None else config.data.data_dir
-    if data_dir and data_dir != SYNTHETIC:
-        data_dir = paths.absolute(data_dir)  # recorded in the checkpoints, read by `eval` from anywhere
-    data = dataclasses.replace(config.data, data_dir=data_dir, scheme=args.scheme or config.data.scheme)
-    train_config = config.train if args.peak_flops is None else dataclasses.replace(
-        config.train, peak_flops=args.peak_flops)
-    config = dataclasses.replace(config, data=data, train=train_config)
+    spec = experiment.RunSpec(config=args.config, overrides=tuple(args.overrides) + tuple(args.positional_overrides),
+                              data=args.data, scheme=args.scheme, peak_flops=args.peak_flops,
+                              init_from=args.init_from)
     if args.compile_only:
-        return _compile_only(args, config)
+        return _compile_only(args, experiment.resolve_config(spec)[0])
     if args.topology:
         raise UserInputError("--topology goes with --compile-only (a real run uses the devices it finds)")
     if not args.workdir:
@@ -187,32 +105,10 @@ def run(args) -> int:
     from pmi_jax import storage
 
     storage.check_writable_directory(args.workdir, f"--workdir {args.workdir}")
-    if not config.data.data_dir:
-        raise UserInputError("no corpus: pass --data DIR (or set data.data_dir in the config)")
-
-    from pmi_jax import train
-
-    if config.data.data_dir == SYNTHETIC:
-        if not (config.model.vocab_size and config.data.seq_len):
-            raise UserInputError(f"--data {SYNTHETIC} needs model.vocab_size and data.seq_len set (via --set)")
-        corpus = None
-        source = train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size,
-                                        seed=config.data.seed)
-    else:
-        corpus = train.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split)
-        if pretrained is not None:
-            from pmi_jax.formats import prepared_corpus
-
-            huggingface.check_corpus_vocabulary_is_pretrained(pretrained, prepared_corpus.vocab_path(config.data.data_dir))
-        config = train.configure_for_corpus(config, corpus)
-        source = train.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split, config.data.seq_len,
-                                   config.train.batch_size, config.data.seed)
-    _initialize_distributed(args)
-    # Read (and check) the weights before anything is written, even when the run will resume instead.
-    initial_params = huggingface.initial_params(pretrained, config.model) if pretrained is not None else None
+    distributed = experiment.Distributed(args.coordinator_address, args.num_processes, args.process_id)
     try:
         with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
-            result = train.train(config, paths.absolute(args.workdir), source, corpus, initial_params=initial_params)
+            result = experiment.pretrain(spec, args.workdir, distributed)
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

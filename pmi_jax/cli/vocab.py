@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 
 from pmi_jax.cli.defaults import LibraryDefault, value_of
-from preprocess import beam_options
-from preprocess.measures import MEASURES
+from preprocess.beam import beam_options
+from preprocess.vocab.measures import MEASURES
 
 
 def _option(field: str) -> LibraryDefault:
-    return LibraryDefault("preprocess.build_vocab", "VocabOptions", field)
+    return LibraryDefault("preprocess.vocab.build_vocab", "VocabOptions", field)
 
 
 def add_parser(subparsers) -> None:
@@ -94,19 +94,19 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def run_build(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.build_vocab import VocabOptions, build_vocabulary
+    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
 
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
                            workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir)
     with storage.write_errors(args.output):
         if args.runner:
-            from preprocess import beam_vocab
+            from preprocess.beam import beam_vocab
 
             stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
                                                 pipeline_options=beam_options.pipeline_options(args))
         else:
-            from preprocess.malloc_thresholds import large_array_malloc
+            from preprocess.vocab.malloc_thresholds import large_array_malloc
 
             with large_array_malloc():
                 stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
@@ -140,7 +140,7 @@ def run_check(args: argparse.Namespace) -> int:
     import collections
 
     from pmi_jax.formats.masking_vocab import load_ngrams
-    from preprocess.vocab_selection import check_ngrams
+    from preprocess.vocab.vocab_selection import check_ngrams
 
     ngrams = load_ngrams(args.path)
     lengths = collections.Counter(len(ngram) for ngram in ngrams)

@@ -1,11 +1,7 @@
 """What one training run directory holds, read back for comparison.
 
-Nothing here computes: every number was written by an earlier command into the run directory
-(docs/experiments.md, "Where results live"):
-    RUN/checkpoints/<step>/                      `pmi-jax train`: the run's config in each checkpoint's metadata
-    RUN/tensorboard/metrics.jsonl                `pmi-jax train`: loss, accuracy, ... per logged step
-    RUN/eval/perplexity-<split>-step<N>.json     `pmi-jax eval perplexity`
-    RUN/eval/<task>-<protocol>-step<N>/results.json   `pmi-jax eval finetune`
+Nothing here computes: every number was written by an earlier command into the run directory,
+whose names and records `pmi_jax.formats.run_dir` owns (docs/experiments.md, "Where results live").
 """
 from __future__ import annotations
 
@@ -16,10 +12,8 @@ import os
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-
-METRICS_FILE = ("tensorboard", "metrics.jsonl")  # pmi_jax.train.TENSORBOARD_DIR, MetricWriter's file
-EVAL_DIR = "eval"
-PERPLEXITY_PREFIX = "perplexity-"
+from pmi_jax.formats import run_dir
+from pmi_jax.formats.run_dir import EVAL_DIR, PERPLEXITY_PREFIX
 
 # Training settings that must agree for two runs to be compared: everything that shapes what
 # is learned except the masking scheme (model, corpus, batch, steps, schedule, seeds).
@@ -58,21 +52,7 @@ def _read_json(path: str):
         raise UserInputError(f"{path}: not JSON ({e})") from None
 
 
-def _training_metrics(path: str) -> dict[int, dict]:
-    from pmi_jax import metrics
-
-    if not storage.gfile.exists(path):
-        return {}
-    rows = {}
-    with storage.gfile.GFile(path, "rb") as f:
-        for number, line in enumerate(f.read().splitlines(), start=1):
-            if line.strip():
-                row = metrics.parse_record(line, f"{path}:{number}")
-                rows[row["step"]] = row  # a resumed run rewrites steps: the last write wins
-    return rows
-
-
-def _latest_metadata(path: str) -> tuple[int, dict]:
+def _latest_metadata(path: str) -> tuple[int, run_dir.CheckpointMetadata]:
     from pmi_jax import checkpoints
     from pmi_jax.config import CheckpointConfig
 
@@ -99,26 +79,22 @@ def _latest_metadata(path: str) -> tuple[int, dict]:
 
 
 def read_run(path: str) -> Run:
-    from pmi_jax.eval import perplexity
-
     path = path.rstrip("/")
     if not storage.gfile.isdir(path):
         raise UserInputError(f"{path}: no such run directory")
     step, metadata = _latest_metadata(path)
-    config = metadata.get("config") or {}
-    scheme = metadata.get("scheme") or config.get("data", {}).get("scheme") or "unknown"
-    run = Run(path, os.path.basename(path), scheme, config, step,
-              _training_metrics(storage.join(path, *METRICS_FILE)), {}, {})
+    run = Run(path, os.path.basename(path), metadata.run_scheme, metadata.config, step,
+              run_dir.read_metrics_file(run_dir.metrics_path(path)), {}, {})
     eval_dir = storage.join(path, EVAL_DIR)
     if not storage.gfile.isdir(eval_dir):
         return run
     for name in sorted(n.rstrip("/") for n in storage.gfile.listdir(eval_dir)):
         entry = storage.join(eval_dir, name)
         if name.startswith(PERPLEXITY_PREFIX) and name.endswith(".json"):
-            result = perplexity.read_result(entry)
+            result = run_dir.read_perplexity_result(entry)
             run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
-        elif storage.gfile.exists(storage.join(entry, "results.json")):
-            result = _read_json(storage.join(entry, "results.json"))
+        elif storage.gfile.exists(storage.join(entry, run_dir.FINETUNE_RESULTS)):
+            result = _read_json(storage.join(entry, run_dir.FINETUNE_RESULTS))
             try:
                 key = (result["task"], result["protocol"]["protocol"])
                 result["best"]["aggregate"]["score"], int(result["step"])

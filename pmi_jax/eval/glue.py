@@ -32,7 +32,7 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval import heads, metrics
-from pmi_jax.eval.packing import pack
+from pmi_jax.eval.bert_inputs import pack
 from pmi_jax.vocabularies import WordPieceVocabulary
 from pmi_jax.storage import gfile, join
 

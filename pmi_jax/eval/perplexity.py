@@ -27,33 +27,6 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM
 
 
-# The fields of a written result (RUN/eval/perplexity-<split>-step<N>.json, `--output`) that
-# readers use, with their types: `compare` tabulates them, `export hf --perplexity` quotes them.
-RESULT_FIELDS = {"step": int, "split": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
-                 "num_sequences": int}
-
-
-def read_result(path: str, option: str = "") -> dict:
-    """A result `eval perplexity` wrote, its fields and their types checked; a one-line error otherwise."""
-    import json
-
-    from pmi_jax import storage
-
-    name = f"{option} {path}".strip()
-    if not storage.gfile.exists(path):
-        raise UserInputError(f"{name}: no such file")
-    result = storage.read_json_object(path)
-    for field, kind in RESULT_FIELDS.items():
-        value = result.get(field)
-        ok = (isinstance(value, str) if kind is str else
-              not isinstance(value, bool) and isinstance(value, (int,) if kind is int else (int, float)))
-        if not ok:
-            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
-            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
-                                 f"{json.dumps(value)[:40]}, expected {expected})")
-    return result
-
-
 @dataclasses.dataclass(frozen=True)
 class PerplexityResult:
     perplexity: float
@@ -77,18 +50,16 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
             yield features[prepared_corpus.INPUT_IDS]
 
 
-def open_corpus_for(data_dir: str, config, vocab_sha256: str | None, checkpoint: str):
+def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):
     """The prepared corpus at `data_dir`, checked against the model that will score it.
 
-    Its vocab.txt must be the one the checkpoint recorded (sha256) and have the model's
-    vocab_size; its sequences must fit the model's position embeddings.
+    Its vocab.txt must be the one the checkpoint recorded (`metadata`, a CheckpointMetadata)
+    and have the model's vocab_size; its sequences must fit the model's position embeddings.
     """
-    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+    from pmi_jax.formats import prepared_corpus, run_dir
 
     corpus = prepared_corpus.PreparedCorpus(data_dir)
-    wordpiece_vocab.check_matches_checkpoint(
-        f"--data {data_dir}: its vocab.txt", sha256=corpus.vocab_sha256, size=corpus.vocab_size,
-        expected_sha256=vocab_sha256, vocab_size=config.vocab_size, checkpoint=checkpoint)
+    run_dir.vocabulary_for(metadata, checkpoint, config.vocab_size, data_dir=data_dir, flag="--data")
     if corpus.seq_len > config.max_position_embeddings:
         raise UserInputError(f"--data {data_dir}: sequences of {corpus.seq_len} tokens, the model takes at most "
                              f"{config.max_position_embeddings}")

@@ -74,7 +74,7 @@ def write_checkpoint(directory: str, config: dict, tensors: Mapping[str, np.ndar
 def tokenizer_config(model_max_length: int) -> dict:
     """An uncased BertTokenizer: lower-case, strip accents, split CJK ideographs and punctuation.
 
-    These are the choices of our own word splitter (`preprocess/words.py`), so the tokenizer
+    These are the choices of our own word splitter (`preprocess/text/words.py`), so the tokenizer
     reproduces the ids `corpus prepare` wrote (docs/huggingface.md says where the two differ).
     """
     return {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "do_basic_tokenize": True,
@@ -104,7 +104,7 @@ def _casefold_replacements() -> tuple[tuple[str, str], ...]:
 
 
 def tokenizer_json(tokens: Sequence[str]) -> dict:
-    """A `tokenizers` fast tokenizer that splits words as `preprocess/words.py` does.
+    """A `tokenizers` fast tokenizer that splits words as `preprocess/text/words.py` does.
 
     Our words come from tensorflow_text's BasicTokenizer, which applies NFKC_Casefold; BERT's
     own normaliser only lower-cases. So the normaliser here is NFKC, lower-casing, the

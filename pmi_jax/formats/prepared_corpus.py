@@ -13,7 +13,7 @@ every feature an int64 list of length T:
 `PreparedCorpus` opens such a directory and checks that it is what its metadata says (every
 shard present with its recorded size, vocab.txt with its recorded hash); every reader opens
 corpora through it, and reads shards inside `reading`, which names a shard whose bytes changed
-(its sha256 differs from the one recorded). The writer is preprocess/prepare.py.
+(its sha256 differs from the one recorded). The writer is preprocess/corpus/prepare.py.
 """
 from __future__ import annotations
 
@@ -213,6 +213,18 @@ def reading(data_dir: str) -> Iterator[None]:
                              "records no digests to tell which: rerun `pmi-jax corpus prepare --overwrite`") from None
 
 
+def training_seq_len(requested: int | None, corpus_seq_len: int, data_dir: str) -> int:
+    """The one sequence-length rule of a reader: 0 (or None) means the corpus's own length; a
+    shorter one would cut its sequences, so it is an error naming both."""
+    if not requested:
+        return corpus_seq_len
+    if requested < corpus_seq_len:
+        raise UserInputError(f"data.seq_len={requested} but {data_dir} holds sequences of up to {corpus_seq_len} "
+                             f"tokens (set data.seq_len=0 to take it from the corpus, or prepare the corpus with "
+                             f"--seq-len {requested} to train on shorter ones)")
+    return requested
+
+
 class PreparedCorpus:
     """A prepared data directory, opened and checked once: the one reader of its metadata and shards.
 
@@ -256,6 +268,9 @@ class PreparedCorpus:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    def training_seq_len(self, requested: int | None) -> int:
+        return training_seq_len(requested, self.seq_len, self.data_dir)
 
     def files(self, split: str) -> list[str]:
         """The shard paths of `split`, in order; a one-line error for a split without data."""

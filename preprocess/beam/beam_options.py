@@ -3,7 +3,7 @@ and `pmi-jax corpus prepare`.
 
 Without `--runner` those commands run their local multi-core path. With `--runner DirectRunner`
 (this process) or `--runner DataflowRunner` (Google Cloud Dataflow, with the flags below) they
-run the same code as an Apache Beam pipeline (preprocess/beam_vocab.py, beam_prepare.py), with
+run the same code as an Apache Beam pipeline (preprocess/beam/beam_vocab.py, beam_prepare.py), with
 byte-identical output. Any other Beam pipeline option goes through `--beam-option`.
 
 Dataflow workers must run the same code with the same versions. `--setup_file ./setup.py`

@@ -1,17 +1,17 @@
 """Coverage of a masking vocabulary: the share of corpus words inside an occurrence of one of its n-grams.
 
 Computed on the word stream and the per-position n-gram indices that counting left behind
-(preprocess/ngram_counts.py), so it costs one more pass and no second look-up of the text.
+(preprocess/vocab/ngram_counts.py), so it costs one more pass and no second look-up of the text.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from preprocess.ngram_counts import NgramCounts, Positions, frequent_words
-from preprocess.ordered_map import ordered_map
-from preprocess.progress import progress_bar
-from preprocess.sorted_keys import lookup
-from preprocess.word_stream import CorpusStream
+from preprocess.vocab.ngram_counts import NgramCounts, Positions, frequent_words
+from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.progress import progress_bar
+from preprocess.vocab.sorted_keys import lookup
+from preprocess.vocab.word_stream import CorpusStream
 
 _MAX_REACH = 8  # a match reaches at most this far past the chunk it starts in (n <= 5)
 

@@ -4,7 +4,7 @@
         --units pmi=gs://B/vocab/pmi --runner DataflowRunner --project P --region us-central2 \\
         --temp_location gs://B/tmp --setup_file ./setup.py
 
-The work is the local pipeline's (preprocess.prepare), cut where it is already cut: shards.
+The work is the local pipeline's (preprocess.corpus.prepare), cut where it is already cut: shards.
 
   plan       here, as the local run does it: check the options and vocabularies, scan the corpus
              (documents per file and the content hash: one sequential read), assign documents to
@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 import apache_beam as beam
 
 from pmi_jax import storage
-from preprocess import beam_options, beam_pipeline
+from preprocess.beam import beam_options, beam_pipeline
 
 
 class WriteShards(beam.DoFn):
@@ -44,7 +44,7 @@ class WriteShards(beam.DoFn):
         self._tasks = None
 
     def _start(self) -> None:
-        from preprocess import prepare
+        from preprocess.corpus import prepare
 
         fraction, seed, counts = self._assignment
         is_validation = prepare.assign_documents(self._context.scan.documents, fraction, seed)
@@ -60,7 +60,7 @@ class WriteShards(beam.DoFn):
 
 
 def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
-    from preprocess import wordpiece
+    from preprocess.corpus import wordpiece
 
     yield from wordpiece.count_words([batch]).items()
 
@@ -70,7 +70,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
     import collections
 
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess import wordpiece
+    from preprocess.corpus import wordpiece
 
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size)
     wordpiece_vocab.write_vocab(vocab_txt, tokens)
@@ -79,7 +79,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
-    from preprocess import prepare as local
+    from preprocess.corpus import prepare as local
 
     with local.removed_unless_begun(config.output):
         plan = local.plan_prepare(config)
@@ -90,7 +90,7 @@ def prepare(config, pipeline_options=None) -> dict:
 
 def _run(config, plan, pipeline_options) -> dict:
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess import prepare as local
+    from preprocess.corpus import prepare as local
 
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files

@@ -3,13 +3,13 @@
 Reading and writing vocab.txt is `pmi_jax.formats.wordpiece_vocab`.
 
 Tokenisation is split in two so that word boundaries stay exact: words come from
-`preprocess.words` (tensorflow_text's BasicTokenizer, lower_case=True) and each word is then cut
+`preprocess.text.words` (tensorflow_text's BasicTokenizer, lower_case=True) and each word is then cut
 into pieces by tensorflow_text's WordpieceTokenizer. That composition is exactly what
 `tensorflow_text.BertTokenizer(vocab_txt, lower_case=True).tokenize` does, so the ids written
 here are the ids any BERT tokenizer with this vocab.txt produces (tests/test_wordpiece.py checks).
 
 Training uses tensorflow_text's own WordPiece learner (the library behind
-`bert_vocab_from_dataset`) on word counts from `preprocess.words`, so a trained vocabulary
+`bert_vocab_from_dataset`) on word counts from `preprocess.text.words`, so a trained vocabulary
 splits words the same way as tokenisation does.
 """
 from __future__ import annotations
@@ -24,14 +24,14 @@ from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_li
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_bert_vocab
-from preprocess.words import split_words_ragged
+from preprocess.text.words import split_words_ragged
 
 # Below this many occurrences a piece is not worth a vocabulary entry (tensorflow_text's default).
 MIN_PIECE_COUNT = 10
 
 
 def count_words(document_batches: Iterable[Sequence[str]]) -> collections.Counter:
-    """Word frequencies over a corpus, words as `preprocess.words` splits them."""
+    """Word frequencies over a corpus, words as `preprocess.text.words` splits them."""
     counts: collections.Counter = collections.Counter()
     for batch in document_batches:
         words = split_words_ragged(tf.constant(list(batch))).flat_values.numpy()

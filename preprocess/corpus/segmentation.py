@@ -42,7 +42,7 @@ def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijection on uint64 whose output bits all depend on all input bits.
 
     The project's one 64-bit mixer in numpy: span priorities here, count partitions in
-    preprocess.partitioned_counts."""
+    preprocess.vocab.partitioned_counts."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))

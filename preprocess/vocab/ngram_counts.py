@@ -1,6 +1,6 @@
 """Exact counts of the word n-grams of a corpus, in bounded memory (docs/design.md, "Words and n-grams").
 
-Input: the id stream of preprocess/word_stream.py. Two stages, both streaming:
+Input: the id stream of preprocess/vocab/word_stream.py. Two stages, both streaming:
 
 1. level 1: unigram counts, from the stream. A word is *frequent* if count >= min_count.
 2. level k = 2..max_n (Apriori): only k-grams whose two (k-1)-sub-grams are frequent can reach
@@ -8,11 +8,11 @@ Input: the id stream of preprocess/word_stream.py. Two stages, both streaming:
    the sorted frequent keys of its level), and the k-gram starting at position i has the key
    `g_{k-1}[i] * F1 + g_1[i+k-1]` (F1 = number of frequent words); keys of a chunk of the stream
    are counted with a sort, split into hash partitions and accumulated
-   (preprocess/partitioned_counts.py: beyond the memory budget they spill to disk, so a corpus
+   (preprocess/vocab/partitioned_counts.py: beyond the memory budget they spill to disk, so a corpus
    larger than RAM finishes). Counts are exact and independent of spilling and workers.
    The index of the frequent n-gram at each position (n = 2..max_n-1) is stored, 4 bytes per
    position, in memory if that fits a quarter of the memory budget, else on disk, for the next
-   level and for the coverage pass (preprocess/coverage.py).
+   level and for the coverage pass (preprocess/vocab/coverage.py).
 
 Every sub-span of a frequent n-gram is frequent, so the count of any sub-span of a candidate is
 found by chaining key lookups through the levels (`NgramCounts.span_counts`).
@@ -29,12 +29,12 @@ from typing import Callable
 
 import numpy as np
 
-from preprocess.byte_pieces import join_pieces
-from preprocess.ordered_map import ordered_map
-from preprocess.partitioned_counts import PartitionedCounts, split_partitions
-from preprocess.progress import progress_bar
-from preprocess.sorted_keys import lookup
-from preprocess.word_stream import SEPARATOR, CorpusStream
+from preprocess.vocab.byte_pieces import join_pieces
+from preprocess.vocab.ordered_map import ordered_map
+from preprocess.vocab.partitioned_counts import PartitionedCounts, split_partitions
+from preprocess.text.progress import progress_bar
+from preprocess.vocab.sorted_keys import lookup
+from preprocess.vocab.word_stream import SEPARATOR, CorpusStream
 
 
 @dataclasses.dataclass

@@ -9,13 +9,13 @@ byte, as the local build (docs/design.md, "Words and n-grams" to "Masking vocabu
 same stats.json but for elapsed_seconds. The
 stages and the local code each one runs:
 
-  words      preprocess.words, on batches of documents (preprocess.beam_pipeline)
+  words      preprocess.text.words, on batches of documents (preprocess.beam.beam_pipeline)
   counts     level by level, the local Apriori rule: n = 1 counts every word; n >= 2 counts
              the n-grams whose two (n-1)-word sub-grams are frequent (count >= min_count).
              Grouping by key replaces the local id stream and disk spills; the sub-gram test
              is a join with the frequent (n-1)-grams, not a side input, so it scales.
   selection  the frequent n-grams of every length meet in one worker as the local
-             `NgramCounts` table, scored, ranked and cut by preprocess.build_vocab's own code.
+             `NgramCounts` table, scored, ranked and cut by preprocess.vocab.build_vocab's own code.
              Like the local build, this step holds every frequent n-gram in memory (here as
              Python tuples, of the order of 150 bytes each): give it a highmem worker.
   coverage   a second pass over the documents, with the selection as a side input.
@@ -34,9 +34,9 @@ import apache_beam as beam
 import numpy as np
 
 from pmi_jax.errors import UserInputError
-from preprocess import beam_options, beam_pipeline
+from preprocess.beam import beam_options, beam_pipeline
 
-Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.words yields them
+Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.text.words yields them
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.words y
 
 def document_words(batch: Sequence[str]) -> list[tuple[bytes, ...]]:
     """The words of each document of a batch (one tokeniser call for the whole batch)."""
-    from preprocess.words import split_words_flat
+    from preprocess.text.words import split_words_flat
 
     flat, splits = split_words_flat(batch)
     return [tuple(flat[splits[i]:splits[i + 1]]) for i in range(len(batch))]
@@ -127,8 +127,8 @@ def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict
     appearance; nothing in the output depends on the numbering). n-gram keys follow
     `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams * F + last word.
     """
-    from preprocess.ngram_counts import NgramCounts
-    from preprocess.sorted_keys import lookup
+    from preprocess.vocab.ngram_counts import NgramCounts
+    from preprocess.vocab.sorted_keys import lookup
 
     levels: dict[int, list[tuple[Gram, int]]] = {n: [] for n in range(1, max_n + 1)}
     for n, gram_count in frequent:
@@ -153,8 +153,8 @@ def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict
 
 
 def select(_, options, files: Sequence[str], frequent, counted, totals, distinct_words: int) -> dict:
-    """Score, rank and cut with preprocess.build_vocab; return what the later stages need."""
-    from preprocess import build_vocab
+    """Score, rank and cut with preprocess.vocab.build_vocab; return what the later stages need."""
+    from preprocess.vocab import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
@@ -249,8 +249,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
-    from preprocess.build_vocab import VocabOptions
-    from preprocess.documents import check_output_apart, expand_inputs
+    from preprocess.vocab.build_vocab import VocabOptions
+    from preprocess.text.documents import check_output_apart, expand_inputs
 
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.

@@ -17,7 +17,6 @@ each split's documents, in corpus order, are cut into contiguous runs, one per s
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,15 +32,16 @@ import tqdm
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
-from preprocess import documents, segmentation, wordpiece
-from preprocess.packing import SequencePacker
-from preprocess.words import split_words_ragged
+from preprocess.corpus import segmentation, wordpiece
+from preprocess.corpus.output_state import (check_output_apart, claim_output, close_run, is_done,  # noqa: F401
+                                            progress_path, read_json, removed_unless_begun, write_json)
+from preprocess.text import documents
+from preprocess.corpus.sequence_packing import SequencePacker
+from preprocess.text.words import split_words_ragged
 
 log = logging.getLogger(__name__)
 
 MIN_SEQ_LEN = 8
-_MARKER = ".prepare.json"        # the configuration of an unfinished run
-_PROGRESS = ".progress"          # per-shard stats of finished shards
 _BATCH_CHARS = 1_000_000         # documents are tokenised in batches of about this many characters
 _AUTO_SHARD_CHARS = 32 * 2**20   # --shards 0: one train shard per this many characters of text
 _AUTO_MIN_SHARDS = 4
@@ -70,7 +70,7 @@ class CorpusScan:
     docs_per_file: tuple[int, ...]
     chars: int
     sha256: str
-    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/documents.py)
+    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/text/documents.py)
 
     @property
     def documents(self) -> int:
@@ -121,7 +121,7 @@ def scan_corpus(files: Sequence[str], progress: bool = True) -> CorpusScan:
 def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
     """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
     from pmi_jax.formats.masking_vocab import load_ngrams
-    from preprocess.vocab_selection import check_ngrams
+    from preprocess.vocab.vocab_selection import check_ngrams
 
     loaded = {}
     for name, source in units:
@@ -207,161 +207,6 @@ def check_config(config: PrepareConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The output directory: claim it, resume it, finish it.
-
-def _our_files(output: str) -> list[str]:
-    """Files in `output` that a prepare run writes (shards, vocab, metadata, marker, temporaries)."""
-    if not storage.gfile.isdir(output):
-        return []
-    return [storage.join(output, name) for name in storage.gfile.listdir(output) if _is_ours(name)]
-
-
-def _is_ours(name: str) -> bool:
-    name = name.rstrip("/")
-    return (name.endswith(".tfrecord") or ".tmp-" in name
-            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, _MARKER, _PROGRESS))
-
-
-def check_output_apart(config: PrepareConfig, files: Sequence[str]) -> None:
-    """Refuse an --output that would mix the corpus into something else or feed a later run.
-
-    It may not hold files that prepare does not write (a masking vocabulary directory, say),
-    be an --input directory or lie inside one (the next run would read this output as input),
-    or hold an --input file (--overwrite would delete it).
-    """
-    output = config.output.rstrip("/")
-    storage.check_new_output(output, overwrite=True, directory=True)
-    documents.check_output_apart(config.inputs, files, output)
-    if storage.gfile.isdir(output):
-        foreign = sorted(n.rstrip("/") for n in storage.gfile.listdir(output) if not _is_ours(n))
-        if foreign:
-            raise UserInputError(f"--output {output}: holds files that `corpus prepare` does not write "
-                                 f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-                                 "choose a new or empty directory")
-    for name, source in config.units:
-        if _inside(source, output) or _inside(output, source):
-            raise UserInputError(f"--output {output}: overlaps the masking vocabulary --units {name}={source}")
-
-
-def _inside(path: str, directory: str) -> bool:
-    return storage.is_inside(path, directory)
-
-
-def _read_json(path: str) -> dict | None:
-    """A JSON file written by this module, or None if it is absent or unreadable (a damaged run)."""
-    if not storage.gfile.exists(path):
-        return None
-    try:
-        with storage.gfile.GFile(path, "r") as f:
-            value = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _write_json(path: str, value: dict) -> None:
-    with storage.atomic_file(path) as f:
-        f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
-def _remove(path: str) -> None:
-    storage.remove_tree(path)
-
-
-def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
-    """Make `output` ours for this configuration; return its metadata if it is already complete.
-
-    Complete means: metadata.json of this configuration, vocab.txt with the hash it records, and
-    every shard it lists with the size it records. A directory that is not (a shard deleted or
-    truncated) is reopened as an unfinished run that rewrites only what is damaged. A directory
-    left by another configuration is an error unless --overwrite, which deletes metadata.json
-    first (so nothing looks complete meanwhile), then the other files a prepare run writes.
-    Leftover temporary files of an interrupted run are deleted.
-    """
-    metadata_file = prepared_corpus.metadata_path(output)
-    metadata = _read_json(metadata_file)
-    marker = _read_json(storage.join(output, _MARKER))
-    found = (metadata or marker or {}).get("config_fingerprint")
-    if found == fingerprint and metadata is not None:
-        if _intact(output, metadata, fingerprint):
-            _remove(storage.join(output, _PROGRESS))  # left if a run was killed right after its metadata
-            _remove(storage.join(output, _MARKER))
-            return metadata
-    else:
-        ours = _our_files(output)
-        if found != fingerprint and ours:
-            if not overwrite:
-                what = ("a prepared corpus" if metadata else "an unfinished run" if marker
-                        else "a damaged metadata.json" if storage.gfile.exists(metadata_file) else "shards or a vocab.txt")
-                raise UserInputError(f"--output {output}: holds {what} of a different configuration; "
-                                     "pass --overwrite to replace it, or choose another directory")
-            _remove(metadata_file)  # first: nothing may look complete while the rest goes
-            marker_file = storage.join(output, _MARKER)
-            _write_json(marker_file, {"config_fingerprint": fingerprint})  # now an unfinished run of ours
-            for path in _our_files(output):
-                if path != marker_file:
-                    _remove(path)
-    for path in _our_files(output):
-        if ".tmp-" in path:
-            _remove(path)  # a shard or file whose writer was killed
-    storage.gfile.makedirs(storage.join(output, _PROGRESS))
-    _write_json(storage.join(output, _MARKER), {"config_fingerprint": fingerprint})
-    return None
-
-
-def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
-    """Check a finished directory; if it is damaged, turn it back into an unfinished run and say so.
-
-    The shards that are intact keep their stats (metadata.json's `shards`, written back to
-    `.progress/`), so that only the damaged ones are rewritten. The marker goes first and
-    metadata.json last, so a kill in between leaves either the damaged finished state (checked
-    again next time) or an unfinished run.
-    """
-    try:
-        prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
-        damaged = prepared_corpus.damaged_shards(output, metadata, digests=True)
-    except UserInputError as e:
-        log.warning("%s", e)
-        damaged = {name: "unreadable" for name in metadata.get("shards", {})}
-        metadata = {"shards": {}}
-    vocab = prepared_corpus.vocab_path(output)
-    vocab_ok = (storage.gfile.exists(vocab)
-                and storage.file_sha256(vocab) == metadata.get("wordpiece", {}).get("sha256"))
-    if not damaged and vocab_ok:
-        return True  # (an older run's metadata records no sizes: presence is what can be checked)
-    problems = [f"{name} is {what}" for name, what in damaged.items()]
-    if not vocab_ok:
-        problems.append(f"{prepared_corpus.VOCAB_FILE} is missing or not the one recorded")
-    log.warning("%s: prepared with this configuration, but %s; rewriting what is damaged", output,
-                "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
-    _write_json(storage.join(output, _MARKER), {"config_fingerprint": fingerprint})
-    storage.gfile.makedirs(storage.join(output, _PROGRESS))
-    for name, stats in metadata.get("shards", {}).items():
-        if name not in damaged:
-            _write_json(storage.join(output, _PROGRESS, name + ".json"), stats)
-    _remove(prepared_corpus.metadata_path(output))
-    for name in damaged:
-        _remove(storage.join(output, name))
-    if not vocab_ok:
-        _remove(vocab)
-    return False
-
-
-def _progress_path(output: str, task: ShardTask) -> str:
-    return storage.join(output, _PROGRESS, task.name + ".json")
-
-
-def _is_done(output: str, task: ShardTask) -> bool:
-    """Written by an earlier run: the shard and its stats exist, and the shard has the size recorded."""
-    path = storage.join(output, task.name)
-    stats = _read_json(_progress_path(output, task))
-    if stats is None or not storage.gfile.exists(path):
-        return False
-    return (stats.get("bytes") in (None, storage.gfile.stat(path).length)
-            and stats.get("sha256") in (None, storage.file_sha256(path)))
-
-
-# ---------------------------------------------------------------------------------------------
 # One shard.
 
 def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple[int, str]]:
@@ -439,7 +284,7 @@ class ShardWriter:
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
             stats["sha256"] = storage.file_sha256(tmp)
-            _write_json(_progress_path(ctx.output, task), stats)
+            write_json(progress_path(ctx.output, task), stats)
             storage.gfile.rename(tmp, path, overwrite=True)
         finally:
             if storage.gfile.exists(tmp):
@@ -556,7 +401,7 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
         log.info("%s: already prepared with this configuration", config.output)
         return done
     tasks = shard_tasks(is_validation, counts)
-    todo = [t for t in tasks if not _is_done(config.output, t)]
+    todo = [t for t in tasks if not is_done(config.output, t)]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
     return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo)
@@ -568,9 +413,8 @@ def finish_prepare(plan: PreparePlan) -> dict:
     tokens = wordpiece_vocab.load_vocab(plan.vocab_txt)
     metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
-    _write_json(prepared_corpus.metadata_path(output), metadata)
-    _remove(storage.join(output, _PROGRESS))
-    _remove(storage.join(output, _MARKER))
+    write_json(prepared_corpus.metadata_path(output), metadata)
+    close_run(output)
     return metadata
 
 
@@ -585,24 +429,6 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         return finish_prepare(plan)
 
 
-@contextlib.contextmanager
-def removed_unless_begun(output: str) -> Iterator[None]:
-    """On failure, remove an output directory this run created if it holds no work worth resuming.
-
-    Finished shards and a trained vocab.txt are kept for the rerun that resumes them; a run that
-    fails before either (a full disk, a bad input found late) leaves no directory behind.
-    """
-    created = not storage.gfile.exists(output)
-    try:
-        yield
-    except BaseException:
-        if created and storage.gfile.isdir(output) and not any(
-                name.endswith(".tfrecord") or name == prepared_corpus.VOCAB_FILE
-                for name in storage.gfile.listdir(output)):
-            storage.remove_tree(output)
-        raise
-
-
 def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
               tasks: list[ShardTask], fingerprint: str) -> dict:
     splits = {split: {"shards": 0, "sequences": 0, "tokens": 0, "content_tokens": 0, "documents": 0, "files": []}
@@ -610,7 +436,7 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
     multiword = dict.fromkeys(units, 0)
     shards = {}
     for task in tasks:
-        stats = _read_json(_progress_path(config.output, task))
+        stats = read_json(progress_path(config.output, task))
         shards[task.name] = stats
         split = splits[task.split]
         split["shards"] += 1

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.ordered_map import ordered_map
-from preprocess.segmentation import GOLDEN, mix64
-from preprocess.sorted_keys import sum_by_key
+from preprocess.vocab.ordered_map import ordered_map
+from preprocess.corpus.segmentation import GOLDEN, mix64
+from preprocess.vocab.sorted_keys import sum_by_key
 
 _PARTITION_BITS = 6
 NUM_PARTITIONS = 1 << _PARTITION_BITS  # hash partitions of the (key, count) pairs of one level

@@ -2,7 +2,7 @@
 
 The contract: docs/design.md, "Words and n-grams", "Measures" and "Masking vocabulary".
 
-    count (preprocess/ngram_counts.py) -> score per length (preprocess/measures.py)
+    count (preprocess/vocab/ngram_counts.py) -> score per length (preprocess/vocab/measures.py)
     -> rank and take quotas (preprocess/masking_vocab.py) -> coverage -> write atomically
 
 The output is a function of the input text and of (measure, size, min_count, max_n, shares)
@@ -21,8 +21,8 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
-from preprocess import measures
-from preprocess import vocab_selection
+from preprocess.vocab import measures
+from preprocess.vocab import vocab_selection
 
 _SCORE_BLOCK = 1 << 20  # candidates scored at once: bounds the span-count arrays in memory
 # Scores are rounded before ranking so that mathematically equal scores, which float arithmetic
@@ -76,14 +76,14 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     Returns the statistics written to stats.json. Bad options, missing or empty input and an
     existing `output` (without `overwrite`) raise UserInputError before anything is written.
     `memory_budget_bytes` and `chunk_positions` exist for tests (force spilling, many chunks).
-    Run it inside `preprocess.malloc_thresholds.large_array_malloc()` for full speed (the
+    Run it inside `preprocess.vocab.malloc_thresholds.large_array_malloc()` for full speed (the
     command does).
     """
     from pmi_jax import storage
-    from preprocess.coverage import covered_fraction
-    from preprocess.documents import check_output_apart, expand_inputs, tally_replacements
-    from preprocess.ngram_counts import count_ngrams
-    from preprocess.word_stream import tokenise_corpus
+    from preprocess.vocab.coverage import covered_fraction
+    from preprocess.text.documents import check_output_apart, expand_inputs, tally_replacements
+    from preprocess.vocab.ngram_counts import count_ngrams
+    from preprocess.vocab.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()
@@ -162,7 +162,7 @@ def tsv_rows_text(table, words_CxN: np.ndarray, n: int, counts: np.ndarray, scor
     row adds more. Here the digits of all rows are computed at once (`_score_chars`), laid out in a character matrix, one row's
     "\t{n}\t{count}\t{score}" after another, and joined to the n-gram texts by `join_pieces_as_lines`.
     """
-    from preprocess.byte_pieces import join_pieces_as_lines
+    from preprocess.vocab.byte_pieces import join_pieces_as_lines
 
     buffer, starts, lengths = table.text_spans(words_CxN)
     count_chars, count_digits = _decimal_chars(np.asarray(counts, np.int64))
@@ -261,5 +261,5 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "inputs": list(files),
         "spilled_to_disk": table.spilled,
         "elapsed_seconds": round(elapsed, 3),
-        "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/documents.py)
+        "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/text/documents.py)
     }

@@ -60,12 +60,12 @@ def rank(score_C: np.ndarray, count_C: np.ndarray, word_order_CxN: np.ndarray) -
 def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3) -> list[str]:
     """Problems of a masking vocabulary, one line each; empty if it can be used as is.
 
-    An entry is valid iff splitting its text into words (preprocess/words.py) gives back exactly
+    An entry is valid iff splitting its text into words (preprocess/text/words.py) gives back exactly
     its words: upper case, accents, or punctuation attached to a word mean the list was made in
     another normalisation and would never match the corpus. Lengths outside 2..5 and duplicate
     entries are reported with their counts.
     """
-    from preprocess.words import split_words
+    from preprocess.text.words import split_words
 
     problems = []
     lengths = collections.Counter(len(ngram) for ngram in ngrams)

@@ -1,7 +1,7 @@
 """The corpus as a stream of int32 word ids on local disk: the input of n-gram counting.
 
-`tokenise_corpus` splits documents into words (preprocess/words.py, as byte spans), names each
-word by its key (preprocess/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
+`tokenise_corpus` splits documents into words (preprocess/text/words.py, as byte spans), names each
+word by its key (preprocess/vocab/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
 after every document so that no n-gram crosses one. Word ids are given in order of first
 appearance, so they do not depend on the worker count. See docs/design.md, "Words and n-grams".
 """
@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.ordered_map import ordered_map
-from preprocess.progress import progress_bar
-from preprocess.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
+from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.progress import progress_bar
+from preprocess.vocab.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
 
 SEPARATOR = 0  # id written after every document; never a word
 
@@ -49,7 +49,7 @@ def _batch_word_ids(documents: list[str]):
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
     import tensorflow as tf
 
-    from preprocess.words import split_words_spans
+    from preprocess.text.words import split_words_spans
 
     spans = split_words_spans(documents)
     keys = word_keys(spans.buffer, spans.starts, spans.lengths)
@@ -116,7 +116,7 @@ class _StreamWriter:
 
 
 def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars) -> CorpusStream:
-    from preprocess.documents import iter_document_batches
+    from preprocess.text.documents import iter_document_batches
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
@@ -145,8 +145,8 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
-    from preprocess.documents import iter_document_batches
-    from preprocess.words import split_words_flat
+    from preprocess.text.documents import iter_document_batches
+    from preprocess.text.words import split_words_flat
 
     def run(batch: list[str]):
         words, row_splits = split_words_flat(batch)

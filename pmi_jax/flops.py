@@ -1,0 +1,69 @@
+"""Training FLOPs, device peaks and model FLOPs utilisation (MFU).
+
+FLOPs of one training token of BERT, counting a multiply-add as 2 FLOPs and only matmuls
+(embedding gathers, LayerNorm, softmax, GELU and the optimizer are ignored, as in
+Kaplan et al. 2020 and the PaLM appendix B definition of MFU). With N layers, width D,
+feed-forward F, sequence length T and vocabulary V, the forward pass per token costs
+
+    per layer   Q, K, V projections          3 * 2*D*D
+                attention output projection      2*D*D
+                feed-forward in and out      2 * 2*D*F
+                scores  q . k  (T keys)          2*T*D
+                weighted sum of values (T)       2*T*D
+    MLM head    transform                        2*D*D * P/T
+                tied decoder                     2*D*V * P/T
+
+The attention terms use all T keys for every query: BERT attention is bidirectional, so
+nothing is halved as it would be for a causal mask. The MLM head runs on P of the T
+positions of a sequence (the gathered masked positions, `ModelConfig.predictions`; P = T for
+the full head), and only the FLOPs the model computes are counted. V is the true vocabulary:
+the rows padded to `vocab_multiple` are computed but are not the model's work. Backward
+costs twice the forward, so
+
+    training FLOPs / token = 6 * (P_layers + (D*D + D*V) * P/T) + 12 * N * T * D,
+    P_layers = N * (4*D*D + 2*D*F)
+
+(the parameter count of the matmul weights, i.e. everything but the position and
+token-type tables, biases and LayerNorms). MFU = achieved FLOPs/s divided by the summed
+bf16 dense peak of the devices in use.
+"""
+from __future__ import annotations
+
+import re
+
+from pmi_jax.config import ModelConfig
+
+# Dense bf16 peak per chip/GPU, FLOP/s, from the vendors' data sheets.
+# Matched in order against jax's `device_kind` (lower-cased).
+PEAK_BF16_FLOPS = (
+    (r"v6 ?lite|v6e", 918e12),  # TPU v6e (Trillium)
+    (r"v5 ?lite|v5e", 197e12),  # TPU v5e
+    (r"v5p|tpu v5$", 459e12),  # TPU v5p reports "TPU v5"
+    (r"tpu v4", 275e12),
+    (r"h200", 989e12),
+    (r"h100.*pcie", 756e12),
+    (r"h100", 989e12),  # SXM / HBM3: 989 TFLOP/s dense bf16 (the data sheet's 1,979 is with sparsity)
+    (r"a100", 312e12),
+)
+
+
+def training_flops_per_token(config: ModelConfig, seq_len: int) -> float:
+    """Matmul FLOPs of forward + backward per token; see the module docstring."""
+    d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers
+    head_share = config.predictions(seq_len) / seq_len
+    return 6.0 * (n * (4 * d * d + 2 * d * f) + (d * d + d * v) * head_share) + 12.0 * n * seq_len * d
+
+
+def device_peak_flops(device_kind: str) -> float | None:
+    """Peak dense bf16 FLOP/s of one device, or None for a kind not in the table (CPUs)."""
+    kind = device_kind.lower()
+    for pattern, peak in PEAK_BF16_FLOPS:
+        if re.search(pattern, kind):
+            return peak
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_second: float, num_devices: int, peak_per_device: float | None):
+    if not peak_per_device:
+        return None
+    return flops_per_token * tokens_per_second / (num_devices * peak_per_device)

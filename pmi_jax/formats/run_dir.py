@@ -1,0 +1,296 @@
+"""The training run directory: every name and record that `train`, `eval`, `export` and `compare`
+share, so that no reader re-types a path or a metadata key (docs/design.md, "Run directory").
+
+    RUN/checkpoints/<step>/state, metadata            pmi_jax.checkpoints (Orbax); metadata: CheckpointMetadata
+    RUN/tensorboard/metrics.jsonl                     MetricWriter writes, read_metrics reads
+    RUN/eval/perplexity-<split>-step<N>.json          perplexity_result_path
+    RUN/eval/<task>-<protocol>-step<N>/results.json   finetune_result_dir
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+from pmi_jax import storage
+from pmi_jax.errors import UserInputError
+
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+METRICS_FILE = "metrics.jsonl"
+EVAL_DIR = "eval"
+PERPLEXITY_PREFIX = "perplexity-"
+FINETUNE_RESULTS = "results.json"
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoint metadata
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointMetadata:
+    """The JSON saved next to every checkpoint; its readers check the vocabulary hash with it.
+
+    `model` and `config` are `pmi_jax.config.to_dict` of the run's ModelConfig and
+    ExperimentConfig (plain JSON here: this module sits below the config). Checkpoints of
+    older versions lack some fields; they read as None.
+    """
+
+    step: int
+    data_position: int | None = None
+    model: dict = dataclasses.field(default_factory=dict)
+    config: dict = dataclasses.field(default_factory=dict)
+    data_dir: str | None = None
+    scheme: str | None = None
+    seq_len: int | None = None
+    vocab_size: int | None = None
+    vocab_sha256: str | None = None  # None: trained on synthetic batches, no vocab.txt
+    jax_version: str | None = None
+    process_count: int | None = None
+
+    def to_json(self) -> dict:
+        """The dict Orbax writes (keys in field order, as every version has written them)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> "CheckpointMetadata":
+        """Any version's metadata: missing fields read as None, unknown keys are ignored."""
+        if isinstance(record, cls):
+            return record
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in record.items() if k in names}
+        values.setdefault("model", {})
+        values["config"] = values.get("config") or {}
+        return cls(**values)
+
+    @property
+    def run_scheme(self) -> str:
+        """The masking scheme, from the record or the saved config ("unknown" where neither says)."""
+        return self.scheme or self.config.get("data", {}).get("scheme") or "unknown"
+
+    # Read access by key, for code written against the dict of earlier versions.
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in {f.name for f in dataclasses.fields(self)}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+
+# --------------------------------------------------------------------------------------
+# Directory names
+# --------------------------------------------------------------------------------------
+
+
+def run_dir_of(checkpoint: str) -> str:
+    """The training workdir of a workdir or of one of its checkpoints/<step> directories."""
+    parts = checkpoint.rstrip("/").rsplit("/", 2)
+    if len(parts) == 3 and parts[1] == CHECKPOINT_DIR and parts[2].isdigit():
+        return parts[0]
+    return checkpoint.rstrip("/")
+
+
+def logdir(run: str) -> str:
+    return run.rstrip("/") + "/" + TENSORBOARD_DIR
+
+
+def metrics_path(run: str) -> str:
+    return storage.join(logdir(run), METRICS_FILE)
+
+
+def eval_dir(run: str) -> str:
+    return storage.join(run, EVAL_DIR)
+
+
+def perplexity_result_path(run: str, split: str, step) -> str:
+    return storage.join(eval_dir(run), f"{PERPLEXITY_PREFIX}{split}-step{step}.json")
+
+
+# The fields of a perplexity result that readers use, with their types: `compare` tabulates
+# them, `export hf --perplexity` quotes them in the model card.
+PERPLEXITY_FIELDS = {"step": int, "split": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
+                     "num_sequences": int}
+
+
+def read_perplexity_result(path: str, option: str = "") -> dict:
+    """A result `eval perplexity` wrote (RUN/eval/perplexity-*.json, or its --output), its fields
+    and their types checked; a one-line error naming `option` and `path` otherwise."""
+    name = f"{option} {path}".strip()
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{name}: no such file")
+    result = storage.read_json_object(path)
+    for field, kind in PERPLEXITY_FIELDS.items():
+        value = result.get(field)
+        if kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
+        if not ok:
+            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
+            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
+                                 f"{json.dumps(value)[:40]}, expected {expected})")
+    return result
+
+
+def finetune_result_dir(run: str, task: str, protocol: str, step) -> str:
+    """Task names with "/" are written with "-", e.g. eval/glue-rte-checkpoint-step2000."""
+    return storage.join(eval_dir(run), f"{task.replace('/', '-')}-{protocol}-step{step}")
+
+
+# --------------------------------------------------------------------------------------
+# The checkpoint's vocabulary
+# --------------------------------------------------------------------------------------
+
+
+def vocabulary_for(metadata: CheckpointMetadata, checkpoint: str, vocab_size: int, *, vocab: str | None = None,
+                   data_dir: str | None = None, flag: str = "--vocab") -> str:
+    """The path of the vocab.txt a checkpoint was trained with, checked against its recorded hash.
+
+    `vocab` (a --vocab flag) wins, then `data_dir`'s vocab.txt (a --data flag), then the
+    corpus the run recorded. Token ids mean nothing under another vocabulary, so every reader
+    of a checkpoint goes through here (wordpiece_vocab.check_matches_checkpoint).
+    """
+    from pmi_jax.formats import prepared_corpus, wordpiece_vocab
+
+    if vocab:
+        path, source = vocab, f"--vocab {vocab}"
+    elif data_dir:
+        path, source = prepared_corpus.vocab_path(data_dir), f"--data {data_dir}: its vocab.txt"
+    elif metadata.data_dir:
+        path = prepared_corpus.vocab_path(metadata.data_dir)
+        source = f"the corpus {metadata.data_dir}: its vocab.txt"
+    else:
+        raise UserInputError(f"checkpoint {checkpoint} records no corpus; pass {flag}")
+    tokens = wordpiece_vocab.read_vocab(path)
+    wordpiece_vocab.check_matches_checkpoint(source, sha256=storage.file_sha256(path), size=len(tokens),
+                                             expected_sha256=metadata.vocab_sha256, vocab_size=vocab_size,
+                                             checkpoint=checkpoint)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# metrics.jsonl
+# --------------------------------------------------------------------------------------
+
+
+class MetricWriter:
+    """Scalars to stdout, TensorBoard and `metrics.jsonl`, from process 0 only.
+
+    The JSON-lines file is the machine-readable record (one object per logged step); a
+    resumed run appends to it, so a step logged twice keeps its last value when read.
+    TensorBoard's event files are written through TensorFlow; where it is not installed (a
+    JAX-only accelerator image training from pre-masked batches) the run still logs to
+    stdout and `metrics.jsonl` on local disk, and says once that it writes no event files.
+    """
+
+    def __init__(self, logdir: str, enabled: bool):
+        self.logdir = logdir
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
+        jsonl = os.path.join(logdir, METRICS_FILE) if "://" not in logdir else logdir.rstrip("/") + "/" + METRICS_FILE
+        if "://" not in jsonl:
+            _drop_cut_line(jsonl)
+        try:
+            import tensorflow as tf
+        except ImportError:
+            if "://" in logdir:
+                raise
+            logging.warning("TensorFlow is not installed: no TensorBoard event files, metrics go to %s", jsonl)
+            os.makedirs(logdir, exist_ok=True)
+            self._jsonl = open(jsonl, "a")
+            return
+        tf.io.gfile.makedirs(logdir)
+        self._tb = tf.summary.create_file_writer(logdir)
+        self._jsonl = tf.io.gfile.GFile(jsonl, "a")
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        if self._tb is not None:
+            import tensorflow as tf
+
+            with self._tb.as_default(step=step):
+                for name, value in scalars.items():
+                    if value is not None:
+                        tf.summary.scalar(name, value)
+        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+        self._jsonl.flush()
+        print(f"step {step}  " + "  ".join(_format(k, v) for k, v in scalars.items() if v is not None), flush=True)
+
+    def flush(self) -> None:
+        if self.enabled:
+            if self._tb is not None:
+                self._tb.flush()
+            self._jsonl.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            if self._tb is not None:
+                self._tb.close()
+            self._jsonl.close()
+
+
+def _drop_cut_line(path: str) -> None:
+    """A run killed mid-write leaves a last line without its newline; the resumed run appends to
+    the file, so cut that partial line first, or it would fuse with the next record."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def _format(name: str, value: float) -> str:
+    if name in ("learning_rate",):
+        return f"{name}={value:.3e}"
+    if abs(value) >= 1000:
+        return f"{name}={value:.0f}"
+    return f"{name}={value:.4f}"
+
+
+def read_metrics_file(path: str) -> dict[int, dict]:
+    """step -> the last record logged for it (a resumed run re-logs the steps it redid); {} when
+    the file does not exist. A line that is not a record is a UserInputError naming it."""
+    if not storage.gfile.exists(path):
+        return {}
+    rows = {}
+    with storage.gfile.GFile(path, "rb") as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            row = parse_metrics_line(line, f"{path}:{number}")
+            rows[row["step"]] = row
+    return rows
+
+
+def parse_metrics_line(line: bytes, where: str) -> dict:
+    """One metrics.jsonl line, checked: a JSON object with an integer step and a number (or null,
+    a scalar not measured at that step) for every other field.
+
+    `where` is FILE:LINE for the one-line error; a reader that plotted a string or crashed on
+    binary bytes would hide which line of which run is damaged.
+    """
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with a step)") from None
+    if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with an integer step)")
+    for name, value in record.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise UserInputError(f"{where}: {name} is {json.dumps(value)[:40]}, not a number")
+    return record
+
+
+def read_metrics(logdir: str) -> dict[int, dict]:
+    """The records of `logdir`/metrics.jsonl (see read_metrics_file)."""
+    return read_metrics_file(storage.join(logdir, METRICS_FILE))

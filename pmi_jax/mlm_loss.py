@@ -1,0 +1,63 @@
+"""The masked-language-model loss: the MLM head on the masked positions only, and its terms.
+
+The loss and accuracy of a (micro-)batch are sums over its masked tokens divided by the masked
+count of the whole global batch, so gradient-accumulation terms add up to the full-batch means.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pmi_jax.config import ExperimentConfig
+from pmi_jax.errors import UserInputError
+
+
+def masked_positions(weights_BxL, num: int):
+    """(positions_BxP, weights_BxP): the first `num` positions of each row with a non-zero weight.
+
+    Rows with fewer fill up with weight-0 positions. `jax.lax.top_k` keeps the lower index
+    among equal values, so the positions come in order. A row with more than `num` weighted
+    positions would lose the rest: the trainer rejects such batches before they get here
+    (`check_predictions`).
+    """
+    _, positions_BxP = jax.lax.top_k((weights_BxL != 0).astype(jnp.int32), num)
+    return positions_BxP, jnp.take_along_axis(weights_BxL, positions_BxP, axis=1)
+
+
+def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: int) -> None:
+    """UserInputError if a sequence has more masked positions than the MLM head gathers."""
+    limit = config.model.predictions(config.data.seq_len)
+    most = int(np.max(np.count_nonzero(weights_BxL, axis=1), initial=0))
+    if most > limit:
+        raise UserInputError(
+            f"the batch of step {step} has a sequence with {most} masked positions, more than the MLM head's "
+            f"{limit} (model.max_predictions_per_seq={config.model.max_predictions_per_seq}); the masking budget "
+            "is floor(15%) of the tokens, so this data was masked otherwise: raise model.max_predictions_per_seq "
+            "or set it to -1 (every position)")
+
+
+def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
+    """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
+
+    The MLM head runs on the masked positions only, gathered (`masked_positions`), unless the
+    config asks for every position (`max_predictions_per_seq=-1`); the sums are the same,
+    since the other positions have weight 0. The denominator is the masked-token count of
+    the whole global batch, known before the forward pass, so micro-batch terms add up to
+    exactly the full-batch means and no pass over the gradients is needed to normalise them.
+    Accuracy compares the target's logit with the maximum over the vocabulary, both of which
+    the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
+    """
+    targets_BxL, weights_BxL = batch["targets"], batch["weights"]
+    num = model.config.predictions(targets_BxL.shape[1])
+    positions_BxP = None
+    if num < targets_BxL.shape[1]:
+        positions_BxP, weights_BxL = masked_positions(weights_BxL, num)
+        targets_BxL = jnp.take_along_axis(targets_BxL, positions_BxP, axis=1)
+    logits_BxPxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"], deterministic=deterministic,
+                               positions_BxP=positions_BxP, rngs={"dropout": rng})
+    xent_BxP = optax.softmax_cross_entropy_with_integer_labels(logits_BxPxV, targets_BxL)
+    target_logit_BxP = jnp.take_along_axis(logits_BxPxV, targets_BxL[..., None], axis=-1)[..., 0]
+    correct_BxP = jax.lax.stop_gradient(target_logit_BxP >= jnp.max(logits_BxPxV, axis=-1)).astype(jnp.float32)
+    return jnp.sum(xent_BxP * weights_BxL) / denominator, jnp.sum(correct_BxP * weights_BxL) / denominator

@@ -1,0 +1,1 @@
+"""The two stages on Apache Beam (same outputs as the local runners)."""

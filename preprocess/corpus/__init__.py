@@ -1,0 +1,1 @@
+"""Stage 2: the prepared corpus (WordPiece, masking units, packing, sharded TFRecords)."""

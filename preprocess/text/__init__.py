@@ -1,0 +1,1 @@
+"""Shared readers of raw text: input files to documents, documents to words, progress bars."""

@@ -1,0 +1,1 @@
+"""Stage 1: the PMI masking vocabulary (exact n-gram counts, measures, selection by quota)."""
