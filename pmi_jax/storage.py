@@ -167,7 +167,8 @@ def is_inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-# What makes a directory a training run: `train` writes both (docs/design.md, "Run directory").
+# What makes a directory a training run: `train` writes both (docs/design.md, "Run directory";
+# the names are pmi_jax/formats/run_dir.py's, repeated here because storage sits below formats/).
 RUN_RECORDS = ("checkpoints", "tensorboard")
 RUN_RESULTS = "eval"  # where `eval` files its results inside a run (one output per result)
 _RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
