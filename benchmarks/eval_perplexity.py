@@ -62,9 +62,9 @@ def _full_head(model, params, sequences, seq_len, batch_size):
     copies = perplexity._masked_copies(sequences, seq_len=seq_len, special_ids=range(5), mask_id=MASK,
                                        pad_id=PAD, positions=None, seed=0)
     total, count = 0.0, 0
-    for ids, pos, tgt, w in perplexity._batches(copies, batch_size, PAD):
-        total += float(np.sum(np.asarray(nll(ids, pos, tgt), np.float64) * w))
-        count += int(w.sum())
+    for ids, pos, tgt, w, _ in perplexity._batches(copies, batch_size, PAD):  # token units: one position a row
+        total += float(np.sum(np.asarray(nll(ids, pos[:, 0], tgt[:, 0]), np.float64) * w[:, 0]))
+        count += int(w[:, 0].sum())
     return total, count
 
 

@@ -318,7 +318,9 @@ def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dic
              f"# BERT pretrained with {scheme or 'an unknown'} masking (pmi-jax)", "",
              "A BERT masked language model pretrained with pmi-jax, a JAX implementation of PMI-Masking "
              "([Levine et al., ICLR 2021](https://arxiv.org/abs/2010.01825)), and exported with "
-             "`pmi-jax export hf`. Uncased: the tokenizer case-folds and strips accents.", "",
+             "`pmi-jax export hf`. " + ("Its tokenizer is the one the corpus was prepared with "
+                                         f"({corpus['tokenizer'].get('model')})." if corpus and "tokenizer" in corpus
+                                         else "Uncased: the tokenizer case-folds and strips accents."), "",
              "```python",
              "from transformers import AutoModelForMaskedLM, AutoTokenizer",
              "path = \".\"  # this directory, or its name on the Hub",
@@ -358,7 +360,10 @@ def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dic
               f"| training compute dtype | {config.dtype} |", "",
               "## Evaluation", ""]
     if perplexity:
-        lines.append(f"Single-token perplexity (each token masked alone) on the `{perplexity.get('split')}` split: "
+        unit = perplexity.get("unit", "token")
+        what = ("Single-token perplexity (each token masked alone)" if unit == "token" else
+                f"Perplexity with one `{unit}` unit masked at a time")
+        lines.append(f"{what} on the `{perplexity.get('split')}` split: "
                      f"**{perplexity['perplexity']:.3f}** (mean NLL {perplexity['mean_nll']:.4f} nats over "
                      f"{perplexity['num_tokens']} tokens of {perplexity['num_sequences']} sequences).")
     else:
@@ -382,24 +387,25 @@ class Pretrained:
     tokens: tuple[str, ...]
 
 
-def read_pretrained(directory: str) -> Pretrained:
-    """Read config.json and vocab.txt of `directory`; the weights are read later (`initial_params`)."""
+def read_pretrained(directory: str, option: str = "--init-from") -> Pretrained:
+    """Read config.json and vocab.txt of `directory`; the weights are read later (`initial_params`).
+    Errors name the directory as `option` gave it."""
     from pmi_jax import storage
     from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
 
     fields = model_fields(hf_checkpoint.read_config(directory), storage.join(directory, hf_checkpoint.CONFIG_FILE))
     vocab = hf_checkpoint.vocab_path(directory)
     if not storage.gfile.exists(vocab):
-        raise UserInputError(f"--init-from {directory}: no {hf_checkpoint.VOCAB_FILE} (a BERT WordPiece vocabulary "
+        raise UserInputError(f"{option} {directory}: no {hf_checkpoint.VOCAB_FILE} (a BERT WordPiece vocabulary "
                              "is needed to prepare the corpus with the checkpoint's ids)")
     tokens = tuple(wordpiece_vocab.read_vocab(vocab))
     if len(tokens) != fields["vocab_size"]:
-        raise UserInputError(f"--init-from {directory}: {vocab} has {len(tokens)} tokens but config.json has "
+        raise UserInputError(f"{option} {directory}: {vocab} has {len(tokens)} tokens but config.json has "
                              f"vocab_size {fields['vocab_size']}")
     if hf_checkpoint.read_tokenizer_config(directory).get("do_lower_case") is False:
         import logging
 
-        logging.warning("--init-from %s is a cased model; pmi-jax prepares corpora lower-cased", directory)
+        logging.warning("%s %s is a cased model; pmi-jax lower-cases its inputs", option, directory)
     return Pretrained(directory, fields, vocab, tokens)
 
 
@@ -427,3 +433,39 @@ def initial_params(pretrained: Pretrained, config: ModelConfig):
     abstract = checkpoints.abstract_model_params(BertForMaskedLM(config))
     tensors = hf_checkpoint.read_tensors(pretrained.directory)
     return from_transformers(tensors, config, abstract, storage.join(pretrained.directory, hf_checkpoint.WEIGHTS_FILE))
+
+
+# ----------------------------------------------------------------------------------------
+# Fine-tuning a released checkpoint (`eval finetune --hf-model`, the paper's Table 3)
+# ----------------------------------------------------------------------------------------
+
+_BARE_PREFIXES = ("embeddings.", "encoder.", "pooler.")  # BertModel.save_pretrained: no "bert." prefix
+
+
+def released_encoder(directory: str):
+    """(ModelConfig, {"encoder": params}, vocab.txt path) of a transformers BERT directory.
+
+    Fine-tuning needs the encoder only: a checkpoint saved as BertModel (tensors without the
+    "bert." prefix, no MLM head) loads as well as a BertForMaskedLM or BertForPreTraining one;
+    an MLM head, if present, is checked like `--init-from` checks it, then dropped. Weights are
+    read from model.safetensors (a PyTorch pytorch_model.bin needs converting first).
+    """
+    from pmi_jax import checkpoints, storage
+    from pmi_jax.formats import hf_checkpoint
+    from pmi_jax.model import BertForMaskedLM
+
+    pretrained = read_pretrained(directory, "--hf-model")
+    config = ModelConfig(**pretrained.fields)
+    source = storage.join(directory, hf_checkpoint.WEIGHTS_FILE)
+    tensors = {_normalise_name(k): v for k, v in hf_checkpoint.read_tensors(directory).items()}
+    if not any(k.startswith("bert.") for k in tensors):
+        tensors = {(f"bert.{k}" if k.startswith(_BARE_PREFIXES) else k): v for k, v in tensors.items()}
+    abstract = checkpoints.abstract_model_params(BertForMaskedLM(config))
+    per_layer = jax.eval_shape(_per_layer, abstract)
+    for t in tensor_table(config.num_layers):
+        if t.name.startswith("cls.") and t.name not in tensors:  # no MLM head: zeros, dropped below
+            shape = _to_theirs(np.zeros(_get(per_layer, t.path).shape, np.float32), t.layout,
+                               config.vocab_size).shape
+            tensors[t.name] = np.zeros(shape, np.float32)
+    params = from_transformers(tensors, config, abstract, source)
+    return config, {"encoder": params["encoder"]}, pretrained.vocab_path

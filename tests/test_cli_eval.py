@@ -45,7 +45,9 @@ def test_perplexity_command(corpus_checkpoint, tmp_path, capsys):
     with open(output) as f:
         result = json.load(f)
     assert result["num_tokens"] == 4 * result["num_sequences"] and result["step"] == 7
-    assert f"single-token perplexity {result['perplexity']:.3f}" in printed
+    assert f"single-token perplexity {result['perplexity']:.3f} [95% " in printed
+    assert result["unit"] == "token" and len(result["scores"]["nll"]) == result["num_tokens"]
+    assert result["interval"]["perplexity"][0] < result["perplexity"] < result["interval"]["perplexity"][1]
 
 
 def test_perplexity_refuses_a_corpus_with_another_vocabulary(tmp_path, corpus_checkpoint, capsys):
@@ -219,3 +221,31 @@ def test_evaluation_skips_a_damaged_latest_checkpoint(corpus, tmp_path, capsys, 
     assert main(["eval", "perplexity", "--checkpoint", os.path.join(workdir, "checkpoints", "9")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no checkpoint restores (step 9: " in err
+
+
+def test_perplexity_on_an_out_of_domain_corpus_prepared_with_the_runs_vocabulary(tmp_path, corpus,
+                                                                                  corpus_checkpoint, capsys):
+    """The paper's Table 4 scores held-out OpenWebText, not the training corpus: text prepared
+    with the run's vocab.txt (`corpus prepare --wordpiece`, no held-out fraction) is scored with
+    --data and --split train (docs/experiments.md, "Table 4 on an out-of-domain test set")."""
+    words = [w for w in prepared_data.vocabulary()[5:] if not w.startswith("##")]
+    text = "\n\n".join(" ".join(words[(7 * d + i) % len(words)] for i in range(40)) for d in range(12))
+    (tmp_path / "owt.txt").write_text(text + "\n")
+    test_set = str(tmp_path / "owt_test")
+    assert main(["corpus", "prepare", "--input", str(tmp_path / "owt.txt"), "--output", test_set, "--seq-len", "32",
+                 "--wordpiece", os.path.join(corpus, "vocab.txt"), "--validation-fraction", "0", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "perplexity", "--checkpoint", corpus_checkpoint, "--data", test_set, "--split", "train",
+                 "--max-sequences", "5"]) == 0
+    with open(os.path.join(corpus_checkpoint, "eval", "perplexity-train-step7.json")) as f:
+        result = json.load(f)
+    assert result["data"] == test_set and result["split"] == "train" and result["num_sequences"] == 5
+    from pmi_jax.formats import prepared_corpus
+    import tensorflow as tf
+
+    prepared = prepared_corpus.PreparedCorpus(test_set)
+    records = list(tf.data.TFRecordDataset(prepared.files("train")).take(5).as_numpy_iterator())
+    special = list(prepared.special_ids.values())
+    content = sum(int(sum(i not in special for i in prepared_corpus.decode_example(r)["input_ids"])) for r in records)
+    assert result["num_tokens"] == content > 5 * 20  # every non-special token of the five sequences
+    assert result["perplexity"] > 1.0

@@ -124,7 +124,8 @@ def test_show_rejects_a_directory_without_a_vocabulary(tmp_path, capsys):
                                        "(no masking_vocab.tsv)\n")
 
 
-@pytest.mark.parametrize("action, option", [("build", "--shares"), ("show", "--top"), ("check", "FILE")])
+@pytest.mark.parametrize("action, option", [("build", "--shares"), ("show", "--top"), ("check", "FILE"),
+                                            ("select", "--labels")])
 def test_help_explains_the_options(capsys, action, option):
     with pytest.raises(SystemExit) as exit_info:
         main(["vocab", action, "--help"])

@@ -107,3 +107,24 @@ def test_paper_schemes_are_the_schemes():
     from configs.experiments import PAPER_SCHEMES
 
     assert PAPER_SCHEMES is SCHEMES
+
+
+def test_the_2_4m_config_decays_over_its_own_steps():
+    """configs/experiments/paper_2_4m.py (the paper's §5.1 runs): same model, batch and optimizer
+    as paper.py, 2.4M steps, the learning rate reaching 0 at 2.4M and not at 1M; every 200K kept."""
+    from pmi_jax.config import load_config
+    from pmi_jax.optimizer import learning_rate_schedule
+
+    paper = load_config("configs/experiments/paper.py")
+    longer = load_config("configs/experiments/paper_2_4m.py")
+    assert longer.train.num_steps == 2_400_000 and paper.train.num_steps == 1_000_000
+    assert (longer.model, longer.optimizer, longer.train.batch_size, longer.train.seed) == \
+        (paper.model, paper.optimizer, paper.train.batch_size, paper.train.seed)
+    assert (longer.checkpoint.every_steps, longer.checkpoint.keep) == (200_000, 12)
+    schedule = learning_rate_schedule(longer.optimizer, longer.train.num_steps)
+    one_m = learning_rate_schedule(paper.optimizer, paper.train.num_steps)
+    peak = longer.optimizer.peak_learning_rate
+    assert float(schedule(10_000)) == pytest.approx(peak)
+    assert float(schedule(1_000_000)) == pytest.approx(peak * 1_400_000 / 2_390_000, rel=1e-5)
+    assert float(one_m(1_000_000)) == pytest.approx(0.0, abs=1e-12)
+    assert float(schedule(2_400_000)) == pytest.approx(0.0, abs=1e-12)

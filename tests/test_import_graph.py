@@ -84,9 +84,10 @@ def test_the_graph_is_read():
     assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
     for module in ("pmi_jax.formats.run_dir", "pmi_jax.batches", "pmi_jax.mlm_loss", "pmi_jax.experiment",
                    "pmi_jax.eval.run_eval", "preprocess.corpus.output_state", "preprocess.vocab.build_vocab",
-                   "preprocess.text.documents", "preprocess.beam.beam_prepare"):
+                   "preprocess.text.documents", "preprocess.beam.beam_prepare", "preprocess.text.hf_tokenizer"):
         assert module in MODULES, module
     assert "pmi_jax.formats.run_dir" in {t for _, t in project_imports("pmi_jax.train")}
+    assert "preprocess.text.hf_tokenizer" in {t for _, t in project_imports("preprocess.corpus.prepare")}
 
 
 def test_no_library_module_of_pmi_jax_imports_preprocess():
@@ -131,3 +132,10 @@ def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
         "bad.py:5 imports preprocess.vocab.build_vocab"]
+
+
+def test_statistics_live_in_one_module_that_eval_and_compare_share():
+    """Intervals are computed in pmi_jax/intervals.py only (numpy and scipy, nothing of the project)."""
+    assert project_imports("pmi_jax.intervals") == []
+    users = {m for m in MODULES if any(t == "pmi_jax.intervals" for _, t in project_imports(m))}
+    assert {"pmi_jax.eval.perplexity", "pmi_jax.compare.perplexity_tables"} <= users, users

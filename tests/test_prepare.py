@@ -499,3 +499,18 @@ def test_no_progress_prints_no_bars(corpus, tmp_path, capsys):
                        "--wordpiece-size", "200", "--seq-len", "24", "--shards", "2", "--no-progress"])
     captured = capsys.readouterr()
     assert status == 0 and "shards:" not in captured.err and "\r" not in captured.err
+
+
+def test_tokens_per_word_is_recorded_and_grows_as_the_vocabulary_shrinks(corpus, prepared, tmp_path):
+    """The paper's Table 1 reports tokens per word (1.08, 1.22, 2.06 for 30K, 10K, 2K pieces):
+    metadata.json's tokens_per_word is the corpus's WordPiece tokens over its basic-tokenizer words."""
+    config, metadata = prepared
+    special = set(metadata["special_ids"].values())
+    words = sum(len(w) for w in split_words(corpus["docs"]))
+    tokens = sum(int(np.sum(~np.isin(s["input_ids"], list(special))))
+                 for split in ("train", "validation") for s in _read_split(config.output, split))
+    assert metadata["tokens_per_word"] == pytest.approx(tokens / words)
+    assert metadata["splits"]["train"]["words"] + metadata["splits"]["validation"]["words"] == words
+    assert 1.0 < metadata["tokens_per_word"] < 3.0
+    smaller = prepare(_config(corpus, tmp_path / "small", wordpiece_size=80, units=()))
+    assert smaller["tokens_per_word"] > metadata["tokens_per_word"] + 0.2

@@ -223,9 +223,9 @@ def _append(path, data: bytes):
     (lambda run: _append(run / "tensorboard" / "metrics.jsonl", b'{"step": "3", "loss": 1.0}\n'),
      "metrics.jsonl:3: not a metrics line (a JSON object with an integer step)"),
     (lambda run: (run / "eval" / "perplexity-validation-step2.json").write_text('{"perplexity": "12", "step": 2}'),
-     'perplexity-validation-step2.json: not an `eval perplexity` result (split is null, expected a string)'),
+     'perplexity-validation-step2.json: not an `eval perplexity` result (perplexity is "12", expected a number)'),
     (lambda run: (run / "eval" / "perplexity-validation-step2.json").write_bytes(b"\xff\xfe\x00binary"),
-     "perplexity-validation-step2.json: not valid JSON"),
+     "perplexity-validation-step2.json: not JSON"),
 ])
 def test_compare_checks_every_field_it_reads(run_copy, tmp_path, capsys, damage, message):
     damage(run_copy)

@@ -119,3 +119,24 @@ def test_vocabulary_reader_keeps_ids_as_line_numbers(tmp_path):
 def test_training_on_nothing_is_an_error():
     with pytest.raises(UserInputError, match="no words"):
         wordpiece.train_vocab(wordpiece.count_words([[" "]]), size=100)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_threaded_word_counts_equal_the_tokenizers(tmp_path, workers):
+    """corpus prepare counts words for training with the vocabulary build's threaded reader
+    (preprocess.word_stream.count_words): the same counts as tensorflow_text's tokenizer, so the
+    trained vocab.txt is unchanged."""
+    import itertools
+
+    from preprocess.text.demo_corpus import iter_demo_documents
+    from preprocess.text.documents import iter_document_batches
+    from preprocess.vocab.word_stream import count_words
+
+    docs = list(itertools.islice(iter_demo_documents(), 300)) + [
+        "Ünïcödé Straße ΣΊΣΥΦΟΣ café 北京大学 e-mail: naïve—dash…", "ＦＵＬＬＷＩＤＴＨ ﬁ ligature \u200bzero\u00adwidth"] * 5
+    path = tmp_path / "c.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    expected = wordpiece.count_words(iter_document_batches([str(path)], 20_000))
+    counted = count_words([str(path)], workers, batch_chars=20_000)
+    assert counted == dict(expected)
+    assert len(counted) > 3_000 and any(not w.isascii() for w in counted)

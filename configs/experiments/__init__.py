@@ -2,11 +2,13 @@
 
 One config per scale; every scheme is trained with the same config and seed, chosen with
 `--scheme`:
-    demo    a tiny BERT on the demo corpus, CPU, minutes (`python3 dev.py demo` runs two schemes)
-    paper   BERT-base with the paper's Table 5 hyper-parameters, six schemes on one corpus
+    demo        a tiny BERT on the demo corpus, CPU, minutes (`python3 dev.py demo` runs two schemes)
+    paper       BERT-base with the paper's Table 5 hyper-parameters, 1M steps, six schemes on one corpus
+    paper_2_4m  the same for 2.4M steps (§5.1, Figure 2, Tables 2, 6-8), its own learning-rate decay
 """
 from pmi_jax.config import SCHEMES
 
-# The schemes of the paper's comparison (Levine et al. 2021, Tables 1-4), in its order: all of
-# pmi_jax.config.SCHEMES, which lists them in that order.
+# The schemes of the paper's comparison (Levine et al. 2021, §3 and §4), in its order: all of
+# pmi_jax.config.SCHEMES, which lists them in that order. Tables 6-7 and Figure 1 hold all six;
+# Table 2 four of them (random_token, random_span, naive_pmi, pmi).
 PAPER_SCHEMES = SCHEMES

@@ -29,16 +29,27 @@ def _add_prepare(commands) -> None:
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
     p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (documents separated by blank lines) or .jsonl files with a 'text' field; "
-                   "globs, directories and gs:// URLs accepted, optionally .gz")
+                   help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, "
+                   ".arrow, or a directory saved by Hugging Face datasets' save_to_disk; globs, directories and "
+                   "gs:// URLs accepted")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
+                   "(default %(default)s)")
     p.add_argument("--output", required=True, metavar="DIR", help="data directory to write (local or gs://)")
     wp = p.add_mutually_exclusive_group()
     wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
                     "without it an uncased vocabulary is trained on the corpus")
+    wp.add_argument("--tokenizer", metavar="PATH",
+                    help="your own tokenizer: a Hugging Face tokenizer.json (WordPiece, BPE or Unigram; special " 
+                    "tokens [PAD] (id 0) [UNK] [CLS] [SEP] [MASK]), or a BERT vocab.txt with --cased. Words for the "
+                    "masking units are its pre-tokenizer's words; the ids are what `tokenizers` gives each document. "
+                    "See docs/tokenizers.md")
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
+    p.add_argument("--cased", action="store_true",
+                   help="with --tokenizer VOCAB_TXT: BERT's cased WordPiece (no lower-casing, accents kept)")
     p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
@@ -102,7 +113,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
         wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
-        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress)
+        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
+        text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
     check_trainable_seq_len(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
@@ -114,8 +126,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     for split, stats in metadata["splits"].items():
         print(f"{split}: {stats['documents']} documents, {stats['sequences']} sequences, "
               f"{stats['tokens']} tokens in {stats['shards']} shards")
+    per_word = (f", {metadata['tokens_per_word']:.3f} tokens per word" if "tokens_per_word" in metadata else "")
     print(f"wordpiece: {metadata['wordpiece']['size']} tokens"
-          f"{' (trained)' if metadata['wordpiece']['trained'] else ''}")
+          f"{' (trained)' if metadata['wordpiece']['trained'] else ''}{per_word}")
     for name, unit in metadata["units"].items():
         print(f"units {name}: {unit['entries']} entries, {unit['coverage']:.1%} of tokens inside multi-word units")
     print(f"wrote {args.output}")

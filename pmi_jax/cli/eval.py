@@ -1,17 +1,22 @@
 """`pmi-jax eval`: score a pretrained checkpoint.
 
-    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all
+    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all --unit token --unit word --unit pmi
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
+    pmi-jax eval finetune --hf-model released/bert-base-uncased --task race --data RACE --output results/bert-race
 
-`perplexity` masks one held-out token at a time (no other corruption) and reports
-exp(mean negative log-likelihood); `finetune` runs one of the paper's protocols on one task
-(`sweep`: the grid, best dev epoch per run, median over seeds, best median; `checkpoint`: batch
-32, lr 3e-5, 4 epochs, last epoch, mean of the middle three of five seeds), written to
-results.json and results.md. With --steps, each checkpoint of the run gets its own result.
+`perplexity` masks one held-out token, whole word or masking unit at a time (`--unit`; no other
+corruption) and reports exp(mean negative log-likelihood) with a 95% interval, keeping every
+scored token's NLL (the single-token measure is the paper's Table 4, §4.2); `finetune` runs one
+of the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median
+over seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's
+epochs (4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written
+to results.json and results.md. With --steps, each checkpoint of the run gets its own result;
+with --hf-model, a released transformers BERT is fine-tuned the same way (the paper's Table 3).
 
 Where results go inside the run directory (what `pmi-jax compare` reads):
-    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint
+    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint (--unit token)
+    RUN/eval/perplexity-<split>-<unit>-step<N>.json   the same for --unit word or NAME
     RUN/eval/<task>-<protocol>-step<N>/results.json   and results.md, test predictions beside
 (task names with "/" written with "-", e.g. glue-rte-checkpoint-step2000).
 """
@@ -41,34 +46,56 @@ def _add_steps(p) -> None:
                         "steps (default: the one --checkpoint names, or the run's latest)")
 
 
-def _add_checkpoint(p) -> None:
-    p.add_argument("--checkpoint", required=True,
+def _add_checkpoint(p, required: bool = True) -> None:
+    p.add_argument("--checkpoint", required=required,
                    help="a training --workdir (its latest checkpoint) or one of its checkpoints/<step> directories "
                         "(local or gs://)")
 
 
 def _add_perplexity(commands) -> None:
     p = commands.add_parser(
-        "perplexity", help="single-token perplexity on held-out sequences",
-        description="For each chosen non-special token of the held-out sequences, mask that token alone and score "
-                    "it; report exp(mean negative log-likelihood) and the number of tokens scored.")
+        "perplexity", help="perplexity on held-out sequences, one token, word or unit masked at a time",
+        description="For each chosen unit of the held-out sequences (a token, a whole word, or a masking unit of "
+                    "the corpus), mask that unit's tokens alone (nothing else corrupted) and score them; report "
+                    "exp(mean negative log-likelihood over the scored tokens) with a 95% bootstrap interval over "
+                    "the scored sequences. Every scored token's NLL is kept in the result, so that `pmi-jax "
+                    "compare` can pair runs token by token: the units are drawn from --seed and the sequence "
+                    "alone, so every run scored on the same corpus with the same --seed, --positions and --unit is "
+                    "scored on the same tokens. One unit per masked copy: the scored units of a sequence never "
+                    "overlap and never hide each other's context (docs/experiments.md, \"Unit perplexity\").")
     _add_checkpoint(p)
     p.add_argument("--data", default=None,
                    help="prepared corpus directory (default: the one the checkpoint was trained on); its vocab.txt "
                         "must be the checkpoint's")
     p.add_argument("--split", default="validation", help="which split's TFRecords to score (default: validation)")
+    p.add_argument("--unit", action="append", default=None, metavar="{token,word,NAME}",
+                   help="what is masked at once (repeatable, one result file each; default: token): token = one "
+                        "token (the paper's single-token perplexity); word = every WordPiece of one whole word; "
+                        "NAME = every token of one unit of the corpus's unit set NAME (`corpus prepare --units "
+                        "NAME=...`, e.g. pmi)")
     p.add_argument("--positions", default="all",
-                   help="'all' scores every non-special token; a number N scores a random sample of N tokens per "
-                        "sequence (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the position sample (default: 0)")
-    p.add_argument("--max-sequences", type=int, default=None, help="score only the first N sequences")
+                   help="'all' scores every unit of every sequence; a number N scores a random sample of N units "
+                        "per sequence, drawn from --seed and the sequence's index (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the unit sample (default: 0)")
+    p.add_argument("--spacing", type=int, default=0, metavar="K",
+                   help="0 (default): each masked copy masks one unit, the exact measure. K > 0: each copy masks "
+                        "every K-th chosen unit of the sequence at once (K-1 chosen units between masked ones), "
+                        "K-fold fewer forward passes for large scored sets; every unit is still scored once, but "
+                        "about 1/K of the context is masked too, so compare only runs scored with the same K")
+    p.add_argument("--max-sequences", type=int, default=None,
+                   help="score only the first N sequences of the split (default: all of them)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
     _add_steps(p)
     p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
-                   "only; written whole under a temporary name, then renamed); the result is always written to "
-                   "RUN/eval/perplexity-<split>-step<N>.json")
+                   "and one --unit only; written whole under a temporary name, then renamed); the result is always "
+                   "written to RUN/eval/perplexity-<split>-step<N>.json (token) or "
+                   "RUN/eval/perplexity-<split>-<unit>-step<N>.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="skip a checkpoint and unit whose RUN/eval result exists and was scored with the same "
+                        "split, unit, seed, positions, spacing and max-sequences (to finish an interrupted "
+                        "evaluation); without it, results in RUN/eval are rewritten")
     p.set_defaults(func=run_perplexity)
 
 
@@ -78,11 +105,18 @@ def _add_finetune(commands) -> None:
         description="Fine-tune the pretrained encoder with a task head under one of the paper's protocols. "
                     "sweep: every batch size x learning rate, several seeds each, each run keeps its best dev "
                     "epoch, a configuration scores the median over its seeds, the best median is reported. "
-                    "checkpoint: batch size 32, learning rate 3e-5, 4 epochs, no early stopping, 5 seeds, mean "
-                    "of the middle three. The score is the paper's metric per task (accuracy; Spearman for "
-                    "STS-B, Matthews correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and "
-                    "results.md per checkpoint.")
-    _add_checkpoint(p)
+                    "checkpoint: batch size 32, learning rate 3e-5, the task's epochs (4 for SQuAD 2.0 and "
+                    "RACE), no early stopping, 5 seeds, mean of the middle three (the paper's §4.2 and Tables "
+                    "6-7). The score is the paper's metric per task (accuracy; Spearman for STS-B, Matthews "
+                    "correlation for CoLA, F1 for SQuAD 2.0). Writes results.json and results.md per "
+                    "checkpoint.")
+    model = p.add_mutually_exclusive_group(required=True)
+    _add_checkpoint(model, required=False)
+    model.add_argument("--hf-model", metavar="DIR",
+                       help="instead of a pmi-jax run: a released Hugging Face BERT checkpoint saved locally "
+                            "(config.json, vocab.txt, model.safetensors; BertModel, BertForMaskedLM or "
+                            "BertForPreTraining), fine-tuned with the same protocol, e.g. to set a run beside "
+                            "SpanBERT as the paper's Table 3 does; needs --output")
     _add_steps(p)
     p.add_argument("--task", required=True, help=f"one of: {_TASK_NAMES}")
     source = p.add_mutually_exclusive_group(required=True)
@@ -103,8 +137,8 @@ def _add_finetune(commands) -> None:
                    help="the WordPiece vocab.txt the checkpoint was trained with (default: the one in the "
                         "checkpoint's corpus directory); checked against the checkpoint's hash")
     p.add_argument("--protocol", default="sweep", choices=PROTOCOLS,
-                   help="sweep (default): the grid search of the paper's Tables 2-3; checkpoint: the fixed "
-                        "per-checkpoint setting of its Figure 1")
+                   help="sweep (default): the grid search of the paper's Tables 2-3 and 8 (§4.2); checkpoint: "
+                        "the fixed per-checkpoint setting of its Table 1, Figures 1-2 and Tables 6-7")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the protocol's FinetuneConfig (repeatable), e.g. seeds=3, "
                         "batch_sizes=(16,), epochs=2, warmup_fraction=0.06")
@@ -114,9 +148,8 @@ def _add_finetune(commands) -> None:
                    help="comma-separated grid (sweep default: 1e-5,2e-5,3e-5,5e-5)")
     p.add_argument("--seeds", type=int, default=None, help="runs per configuration, seeds 0..N-1 (default: 5)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per run (sweep default: 3; 10 for RTE and STS-B; 4 for SQuAD and RACE; "
-                        "checkpoint protocol: 4 for every task; docs/experiments.md says where each "
-                        "comes from)")
+                   help="epochs per run (default, both protocols: 3; 10 for RTE and STS-B; 4 for SQuAD and "
+                        "RACE, as the paper's §4.2; docs/experiments.md says where each setting comes from)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per input (default: 128 for GLUE, 384 for SQuAD, 512 for RACE, capped at the "
                         "model's max_position_embeddings)")
@@ -166,7 +199,7 @@ def _read_examples(task, args: argparse.Namespace, split: str) -> list:
 def _absolute_paths(args: argparse.Namespace) -> None:
     from pmi_jax import paths
 
-    paths.make_absolute(args, "checkpoint", "data", "output", "vocab", "test_data", "tfds_data_dir")
+    paths.make_absolute(args, "checkpoint", "hf_model", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
 def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -190,17 +223,28 @@ def run_perplexity(args: argparse.Namespace) -> int:
     positions = None if args.positions == "all" else _parse_positions(args.positions)
     _positive(args.batch_size, "--batch-size")
     _positive(args.max_sequences, "--max-sequences")
+    if args.spacing < 0:
+        raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
         storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
-    request = PerplexityRequest(data=args.data, split=args.split, positions=positions, positions_text=args.positions,
-                                seed=args.seed, max_sequences=args.max_sequences, batch_size=args.batch_size,
+    request = PerplexityRequest(data=args.data, split=args.split, units=tuple(dict.fromkeys(args.unit or ["token"])),
+                                positions=positions, seed=args.seed, max_sequences=args.max_sequences,
+                                batch_size=args.batch_size, spacing=args.spacing, skip_existing=args.skip_existing,
                                 output=args.output)
     for report in perplexity_of_checkpoints(_checkpoints(args.checkpoint, args.steps), request):
-        print(f"single-token perplexity {report['perplexity']:.3f} (mean NLL {report['mean_nll']:.4f} nats) over "
-              f"{report['num_tokens']} tokens of {report['num_sequences']} {args.split} sequences, checkpoint step "
-              f"{report['step']}, scheme {report['scheme']}")
+        if "skipped" in report:
+            print(f"{report['skipped']}: already scored with these settings; skipped")
+            continue
+        low, high = report["interval"]["perplexity"]
+        multi = report.get("multi_token")
+        extra = f"; units of 2+ tokens: {multi['perplexity']:.3f} over {multi['num_tokens']} tokens" if multi else ""
+        what = "single-token" if report["unit"] == "token" else f"{report['unit']}-unit"
+        print(f"{what} perplexity {report['perplexity']:.3f} [95% {low:.3f}, {high:.3f} over the scored sequences] "
+              f"(mean NLL {report['mean_nll']:.4f} nats) over {report['num_tokens']} tokens in "
+              f"{report['num_units']} units of {report['num_sequences']} {args.split} sequences{extra}; "
+              f"checkpoint step {report['step']}, scheme {report['scheme']}")
     return 0
 
 
@@ -243,13 +287,21 @@ def run_finetune(args: argparse.Namespace) -> int:
     _absolute_paths(args)
 
     quiet.quiet_checkpoint_reads()
+    if args.hf_model:
+        if args.steps is not None:
+            raise UserInputError("--steps: a --hf-model has one set of weights; use --steps with --checkpoint")
+        if not args.output:
+            raise UserInputError("--hf-model: pass --output (a released model has no run directory to write into)")
     request = FinetuneRequest(task=task, settings=settings, read_examples=lambda split: _read_examples(task, args, split),
                               data_label=args.data or f"tfds:{args.tfds}", test_data=args.test_data, vocab=args.vocab,
-                              output=args.output, overwrite=args.overwrite, inputs=tuple(_inputs(args)))
-    for result, output in finetune_checkpoints(_checkpoints(args.checkpoint, args.steps), request):
+                              output=args.output, overwrite=args.overwrite, hf_model=args.hf_model,
+                              inputs=tuple(_inputs(args)))
+    paths = [args.hf_model] if args.hf_model else _checkpoints(args.checkpoint, args.steps)
+    for result, output in finetune_checkpoints(paths, request):
         best = result["best"]
         test = f"; test {best['test']['score']:.2f}" if "test" in best else ""
-        print(f"{task.name} step {result['step']} ({settings.protocol} protocol): dev {result['metric']} "
+        where = f"of {result['hf_model']}" if args.hf_model else f"step {result['step']}"
+        print(f"{task.name} {where} ({settings.protocol} protocol): dev {result['metric']} "
               f"{best['aggregate']['score']:.2f} (batch size {best['batch_size']}, learning rate "
               f"{best['learning_rate']:g}){test}; results in {output}/results.md")
     return 0

@@ -82,11 +82,11 @@ def _corpus_metadata(data_dir: str | None) -> dict | None:
 
 
 def _perplexity(path: str | None, step) -> dict | None:
-    from pmi_jax.formats import run_dir
+    from pmi_jax.formats import perplexity_result
 
     if path is None:
         return None
-    result = run_dir.read_perplexity_result(path, "--perplexity")
+    result = perplexity_result.read(path, "--perplexity")
     if result.get("step") != step:
         raise UserInputError(f"--perplexity {path}: evaluates step {result.get('step')}, the export is step {step}")
     return result
@@ -97,7 +97,7 @@ def run_hf(args: argparse.Namespace) -> int:
 
     from pmi_jax import checkpoints, huggingface, storage
     from pmi_jax.cli import quiet
-    from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
+    from pmi_jax.formats import hf_checkpoint, prepared_corpus, wordpiece_vocab
 
     inputs = [("--checkpoint", args.checkpoint), ("--vocab", args.vocab), ("--perplexity", args.perplexity)]
     storage.check_new_output(args.output, args.overwrite, directory=True, inputs=inputs)
@@ -110,11 +110,13 @@ def run_hf(args: argparse.Namespace) -> int:
     perplexity = _perplexity(args.perplexity, metadata.step)
     tensors = huggingface.to_transformers(jax.device_get(params), config, vocab_size)
     pad_id = wordpiece_vocab.special_ids(tokens)["pad"]
-    card = huggingface.model_card(config=config, metadata=metadata, corpus=_corpus_metadata(metadata.data_dir),
+    corpus = _corpus_metadata(metadata.data_dir)
+    corpus_tokenizer = prepared_corpus.read_tokenizer(metadata.data_dir, corpus) if corpus else None
+    card = huggingface.model_card(config=config, metadata=metadata, corpus=corpus,
                                   vocab_size=vocab_size, perplexity=perplexity)
     with storage.write_errors(args.output), storage.atomic_directory(args.output, args.overwrite) as tmp:
         hf_checkpoint.write_checkpoint(tmp, huggingface.transformers_config(config, vocab_size, pad_id), tensors,
-                                       tokens, config.max_position_embeddings, card)
+                                       tokens, config.max_position_embeddings, card, corpus_tokenizer)
     size = sum(t.nbytes for t in tensors.values())
     print(f"exported step {metadata.step} ({len(tensors)} tensors, {size / 2**20:.1f} MiB) to {args.output}")
     return 0

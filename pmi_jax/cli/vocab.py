@@ -1,4 +1,5 @@
-"""`pmi-jax vocab build|show|check`: make, inspect, validate masking vocabularies.
+"""`pmi-jax vocab build|show|check|select`: make, inspect, validate masking vocabularies, and
+choose their size from labelled n-grams (the paper's Appendix A).
 
 The contract: docs/design.md, "Measures" and "Masking vocabulary".
 """
@@ -23,6 +24,7 @@ def add_parser(subparsers) -> None:
     _add_build(commands)
     _add_show(commands)
     _add_check(commands)
+    _add_select(commands)
 
 
 def _add_build(commands) -> None:
@@ -31,12 +33,21 @@ def _add_build(commands) -> None:
         description="Count every word n-gram (n = 1..max-n) of the input documents exactly, score the n-grams "
         "that occur at least --min-count times, and write the best --size of them, split between lengths by "
         "--shares, to DIR: masking_vocab.txt (one n-gram per line), masking_vocab.tsv (with counts and scores) "
-        "and stats.json. Words are BERT's uncased basic-tokenizer words. The output is the same whatever "
-        "--workers and --memory-mb are.")
+        "and stats.json. Words are BERT's uncased basic-tokenizer words, or --tokenizer's. The output is the same "
+        "whatever --workers and --memory-mb are.")
     p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (blank lines between documents; .jsonl with a 'text' field; optionally .gz): "
-                   "paths, globs or directories, local or gs://")
+                   help="text files (blank lines between documents), .jsonl (optionally .gz), .parquet, .arrow, "
+                   "or a directory saved by Hugging Face datasets' save_to_disk: paths, globs or directories, "
+                   "local or gs://")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
+                   "(default %(default)s)")
     p.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="count words as this tokenizer splits them: a Hugging Face tokenizer.json (its normalizer "
+                   "and pre-tokenizer), or a BERT vocab.txt with --cased; give `corpus prepare` the same one "
+                   "(default: BERT's uncased words)")
+    p.add_argument("--cased", action="store_true", help="with --tokenizer VOCAB_TXT: BERT's cased words")
     p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
                    help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
                    "shorter spans; "
@@ -85,6 +96,31 @@ def _add_check(commands) -> None:
     p.set_defaults(func=run_check)
 
 
+def _add_select(commands) -> None:
+    p = commands.add_parser(
+        "select", help="choose the vocabulary size from labelled n-grams (the paper's Appendix A)",
+        description="Score lists of the top-ranked n-grams of VOCAB_DIR, growing by --step, on hand-labelled "
+        "n-grams, as Levine et al. 2021 chose their 800K (Appendix A, Figure 3): r is the percent of n-grams "
+        "labelled 1 (collocation) that are in the list, c the percent of n-grams labelled 0 that are not, "
+        "f = 2rc/(r+c). Prints r, c and f per size, writes the plot, and recommends the size with the highest "
+        "f. Build VOCAB_DIR larger than the sizes to try: sizes run up to its size. docs/experiments.md, "
+        "'Choosing the vocabulary size', gives the paper's labelling recipe.")
+    p.add_argument("directory", metavar="VOCAB_DIR", help="vocabulary directory made by 'vocab build' (local or gs://)")
+    p.add_argument("--labels", required=True, metavar="FILE",
+                   help="one labelled n-gram per line: the n-gram, a tab, then 1 (collocation) or 0 (not); "
+                   "n-grams are lower-cased and split into words as the vocabulary's are")
+    p.add_argument("--step", type=int, default=50_000,
+                   help="list sizes step, 2*step, ... up to the vocabulary's size (default %(default)s, the paper's)")
+    p.add_argument("--order", choices=("shares", "score"), default="shares",
+                   help="shares (default): the list of size M is what 'vocab build --size M' would select with "
+                   "this vocabulary's --shares; score: the M best scores over all lengths together, the paper's "
+                   "wording")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="where to write the plot of r, c and f against size (default: FILE with its extension "
+                   "replaced by .select.png)")
+    p.set_defaults(func=run_select)
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(","))
@@ -98,7 +134,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
-                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir)
+                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir,
+                           text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
     with storage.write_errors(args.output):
         if args.runner:
             from preprocess.beam import beam_vocab
@@ -150,3 +187,25 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"problem: {problem}")
     print("ok" if not problems else f"{len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def run_select(args: argparse.Namespace) -> int:
+    import os
+
+    from preprocess.vocab.vocab_size import select_size
+
+    plot = args.plot or os.path.splitext(args.labels)[0] + ".select.png"
+    selection = select_size(args.directory, args.labels, step=args.step, order=args.order, plot=plot)
+    print(f"{selection.positives} n-grams labelled collocation, {selection.negatives} not; "
+          f"lists of {args.directory} in {args.order} order")
+    print(f"{'size':>12}  {'r %':>6}  {'c %':>6}  {'f':>6}")
+    for s in selection.scores:
+        mark = "  <- recommended" if s is selection.recommended else ""
+        print(f"{s.size:>12,}  {s.recall:6.1f}  {s.complement_recall:6.1f}  {s.f:6.1f}{mark}")
+    if selection.skipped_sizes:
+        print("not readable off this vocabulary (a length's quota exceeds what it holds): "
+              + ", ".join(f"{n:,}" for n in selection.skipped_sizes))
+    best = selection.recommended
+    print(f"recommended size: {best.size:,} (f {best.f:.1f}: r {best.recall:.1f}%, c {best.complement_recall:.1f}%)")
+    print(f"plot: {plot}")
+    return 0

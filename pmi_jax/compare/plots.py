@@ -7,6 +7,7 @@ perplexity plot and every downstream plot, and across reports.
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display: CI, TPU VMs, laptops over SSH
 
@@ -14,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pmi_jax import storage  # noqa: E402
-from pmi_jax.compare.report import common_steps, labels, perplexity_split  # noqa: E402
+from pmi_jax.compare.perplexity_tables import PerplexityTable  # noqa: E402
+from pmi_jax.compare.report import common_steps, labels  # noqa: E402
 from pmi_jax.compare.runs import Run  # noqa: E402
 from pmi_jax.config import SCHEMES  # noqa: E402
 
@@ -54,17 +56,25 @@ def mlm_loss(runs: list[Run], directory: str) -> str | None:
     return _save(figure, directory, "mlm_loss.png")
 
 
-def perplexity(runs: list[Run], directory: str) -> str | None:
-    split = perplexity_split(runs)
-    if split is None:
-        return None
-    figure, axes = _axes(f"Single-token perplexity ({split}) per masking scheme", "single-token perplexity")
-    for label, run in zip(labels(runs), runs):
-        steps = sorted(run.perplexity[split])
-        axes.plot(steps, [run.perplexity[split][s]["perplexity"] for s in steps], marker="o", label=label,
-                  color=scheme_colour(run.scheme))
-    axes.legend()
-    return _save(figure, directory, "perplexity.png")
+def perplexity(tables: list[PerplexityTable], directory: str) -> list[str]:
+    """One figure per perplexity table: each scheme's perplexity against step, with its 95% interval."""
+    names = []
+    for table in tables:
+        figure, axes = _axes(f"{table.title} per masking scheme", "perplexity (95% interval)")
+        steps = [s.step for s in table.steps]
+        for scheme in table.schemes:
+            values = [next((v for v in s.comparison.values if v.scheme == scheme), None) if s.comparison else None
+                      for s in table.steps]
+            middle = [float(np.exp(v.interval.estimate)) if v else float(np.exp(np.mean(np.log(s.perplexity[scheme]))))
+                      for v, s in zip(values, table.steps)]
+            axes.plot(steps, middle, marker="o", label=scheme, color=scheme_colour(scheme))
+            if all(values):
+                axes.fill_between(steps, [np.exp(v.interval.low) for v in values],
+                                  [np.exp(v.interval.high) for v in values], color=scheme_colour(scheme), alpha=0.2)
+        axes.legend()
+        suffix = "" if table.unit == "token" else f"-{table.unit}"
+        names.append(_save(figure, directory, f"perplexity{suffix}{'-multi' if table.multi else ''}.png"))
+    return names
 
 
 def downstream(runs: list[Run], directory: str) -> list[str]:

@@ -12,14 +12,16 @@ import os
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats import run_dir
+from pmi_jax.formats import perplexity_result, run_dir
 from pmi_jax.formats.run_dir import EVAL_DIR, PERPLEXITY_PREFIX
 
 # Training settings that must agree for two runs to be compared: everything that shapes what
-# is learned except the masking scheme (model, corpus, batch, steps, schedule, seeds).
+# is learned except the masking scheme and the run's seeds (model, corpus, batch, steps,
+# schedule). Runs of one scheme that differ in train.seed (parameters, dropout) or data.seed
+# (masks, reading order) are that scheme's seeds.
 COMPARED_SECTIONS = ("model", "optimizer")
-COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"), ("data", "seed"),
-                   ("train", "batch_size"), ("train", "num_steps"), ("train", "seed"))
+COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"),
+                   ("train", "batch_size"), ("train", "num_steps"))
 
 
 @dataclasses.dataclass
@@ -30,8 +32,17 @@ class Run:
     config: dict  # the ExperimentConfig as saved with the run's latest checkpoint
     last_step: int
     training: dict[int, dict]  # step -> scalars logged at that step (the last write wins)
-    perplexity: dict[str, dict[int, dict]]  # split -> step -> `eval perplexity` result
+    perplexity: dict[tuple[str, str], dict[int, dict]]  # (split, unit) -> step -> `eval perplexity` result
     finetune: dict[tuple[str, str], dict[int, dict]]  # (task, protocol) -> step -> `eval finetune` result
+
+    @property
+    def train_seed(self):
+        return self.config.get("train", {}).get("seed")
+
+    @property
+    def seeds(self) -> tuple:
+        """(train.seed, data.seed): two runs of one scheme are two seeds when either differs."""
+        return self.train_seed, self.config.get("data", {}).get("seed")
 
     def settings(self) -> dict[str, object]:
         """The compared settings, flattened to dotted names."""
@@ -91,18 +102,32 @@ def read_run(path: str) -> Run:
     for name in sorted(n.rstrip("/") for n in storage.gfile.listdir(eval_dir)):
         entry = storage.join(eval_dir, name)
         if name.startswith(PERPLEXITY_PREFIX) and name.endswith(".json"):
-            result = run_dir.read_perplexity_result(entry)
-            run.perplexity.setdefault(result.get("split", "validation"), {})[int(result["step"])] = result
+            result = perplexity_result.read(entry)
+            run.perplexity.setdefault((result["split"], result["unit"]), {})[int(result["step"])] = result
         elif storage.gfile.exists(storage.join(entry, run_dir.FINETUNE_RESULTS)):
-            result = _read_json(storage.join(entry, run_dir.FINETUNE_RESULTS))
-            try:
-                key = (result["task"], result["protocol"]["protocol"])
-                result["best"]["aggregate"]["score"], int(result["step"])
-            except (KeyError, TypeError, ValueError):
-                raise UserInputError(f"{entry}/results.json: not an `eval finetune` result of this version "
-                                     "(needs task, step, protocol and best.aggregate)") from None
-            run.finetune.setdefault(key, {})[int(result["step"])] = result
+            result = read_finetune_result(entry, released=False)
+            run.finetune.setdefault((result["task"], result["protocol"]["protocol"]), {})[int(result["step"])] = result
     return run
+
+
+def read_finetune_result(directory: str, released: bool) -> dict:
+    """DIRECTORY/results.json of `eval finetune`, checked: of a run's checkpoint (with its step),
+    or, `released`, of a released model (`--hf-model`, no step)."""
+    path = storage.join(directory, run_dir.FINETUNE_RESULTS)
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{directory}: no results.json (not an `eval finetune` output directory)")
+    result = _read_json(path)
+    try:
+        result["task"], result["protocol"]["protocol"], result["best"]["aggregate"]["score"]
+        if released and not result["hf_model"]:
+            raise ValueError
+        if not released:
+            int(result["step"])
+    except (KeyError, TypeError, ValueError):
+        needs = "task, hf_model, protocol and best.aggregate" if released else "task, step, protocol and best.aggregate"
+        what = "`eval finetune --hf-model` result" if released else "`eval finetune` result of this version"
+        raise UserInputError(f"{path}: not an {what} (needs {needs})") from None
+    return result
 
 
 def mismatches(runs: list[Run]) -> list[str]:
@@ -115,8 +140,8 @@ def mismatches(runs: list[Run]) -> list[str]:
             if reference.get(key) != settings.get(key):
                 lines.append(f"{run.name} ({run.scheme}): {key} = {settings.get(key)!r}, but "
                              f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
-    schemes = [r.scheme for r in runs]
-    for scheme in sorted({s for s in schemes if schemes.count(s) > 1}):
-        lines.append(f"scheme {scheme} appears in {schemes.count(scheme)} runs: "
-                     + ", ".join(r.name for r in runs if r.scheme == scheme))
+    pairs = [(r.scheme, r.seeds) for r in runs]
+    for scheme, seed in sorted({p for p in pairs if pairs.count(p) > 1}, key=str):
+        lines.append(f"scheme {scheme} with seed {seed} appears in {pairs.count((scheme, seed))} runs: "
+                     + ", ".join(r.name for r in runs if (r.scheme, r.seeds) == (scheme, seed)))
     return lines

@@ -4,22 +4,25 @@ One run: the task's head on the pretrained encoder, AdamW as in BERT fine-tuning
 ε 1e-6, weight decay 0.01 except biases and LayerNorm, gradients clipped at norm 1) with the
 pretraining schedule of `pmi_jax.optimizer` (linear warmup over the first 10% of steps, linear
 decay to 0 at the end); after every epoch the dev set (and the test set, when given) is scored.
+The optimizer, the schedule and the once-per-epoch dev check are our choices: the paper names
+none of them.
 
 The two protocols of Levine et al. 2021 (`FinetuneConfig.protocol`):
-  sweep       (the grid search behind Tables 2-3, following RoBERTa/SpanBERT) every batch size × learning rate
-              of the grid, `seeds` runs each; a run reports its best dev epoch (early stopping);
-              a configuration scores the median over its seeds; the best median is reported.
-  checkpoint  (§4.2, the per-checkpoint evaluation of Figures 1-2 and Tables 1, 6, 7) one
-              setting: batch size 32, learning rate 3e-5, 4 epochs, no early stopping (a run
-              reports its last epoch), 5 seeds, the mean of the middle three.
-Which of these settings we could check against the paper's text, and where the others come
-from: docs/experiments.md, "Where each fine-tuning setting comes from".
+  sweep       (§4.2; Tables 2-3, 8) every batch size × learning rate of the grid, `seeds` runs
+              each; a run reports its best dev epoch (§4.2's early stopping on the task's dev
+              metric); a configuration scores the median over its seeds; the best median is
+              reported, and the runs behind it score the test set when one is given.
+  checkpoint  (§4.2 and the captions of Tables 6-7; Table 1, Figures 1-2) one setting: batch
+              size 32, learning rate 3e-5, the task's epochs (4 for SQuAD 2.0 and RACE, "without
+              early stopping": a run reports its last epoch), 5 seeds, the mean of the middle three.
+Each setting's source: docs/experiments.md, "Where each fine-tuning setting comes from".
 
-Either way the number that selects epochs and configurations is the paper's metric for the
-task (its Table 8): dev accuracy for GLUE, except Spearman correlation for STS-B and Matthews
-correlation for CoLA; F1 for SQuAD 2.0; accuracy for RACE (`task.selection_metric`, also the
-"score" of every evaluation). Every official metric is aggregated over the same runs and
-reported beside it.
+The number that selects epochs and configurations (`task.selection_metric`, also the "score"
+of every evaluation): for GLUE the metric of Table 8's caption (accuracy, except Spearman
+correlation for STS-B and Matthews correlation for CoLA; MNLI matched, our choice); F1 for
+SQuAD 2.0 (Tables 1 and 6 report F1; that the sweep selects by it is our choice, Table 2
+reports EM beside it); accuracy for RACE (Tables 2, 3, 7). Every official metric is aggregated
+over the same runs and reported beside it.
 
 All runs share the encoded data and the compiled step functions: the head module, the loss,
 the optimizer and the batch shape are the only static arguments, the learning rate is a
@@ -49,7 +52,7 @@ from pmi_jax.optimizer import adamw, learning_rate_schedule
 
 # Every task (GlueTask, SquadTask, RaceTask: frozen dataclasses) offers the same small surface:
 #   name, epochs, max_seq_len, kind       the paper's defaults; kind in classification/span/choice
-#   selection_metric                      the paper's metric (Table 8): picks epochs and configs
+#   selection_metric                      the paper's metric for the task: picks epochs and configs
 #   read(path, split), read_tfds(name, split, data_dir) -> examples   split in train/dev/test
 #   encode(examples, wordpiece, max_seq_len) -> Encoded               model arrays + decoding info
 #   head(config) -> nn.Module, loss -> fn(outputs, batch) -> [B]      the model side

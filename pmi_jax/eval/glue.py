@@ -10,8 +10,10 @@ instead of training on the wrong column. CoLA's files have no header; its layout
 Scores follow the GLUE leaderboard: CoLA Matthews correlation, STS-B Pearson/Spearman, MRPC and
 QQP F1/accuracy, the rest accuracy (MNLI: matched, with mismatched reported beside it), all
 ×100. `score`, the number that selects epochs and configurations, is the paper's metric
-(Levine et al. 2021, Table 8): dev accuracy, except Spearman for STS-B and Matthews correlation
-for CoLA (`selection_metric`).
+(Levine et al. 2021, Table 8's caption): dev accuracy, except Spearman for STS-B and Matthews
+correlation for CoLA (`selection_metric`); for MNLI the matched dev set's (Table 8's dev rows
+report matched only; choosing by it is ours). MRPC and QQP are selected by accuracy, as Table 8
+reports them on dev; their F1 is reported beside it.
 
 Test sets carry no labels: `read(path, "test")` reads `test.tsv` (MNLI: `test_matched.tsv`
 and `test_mismatched.tsv`; every test file has a header and an `index` or `id` column), and

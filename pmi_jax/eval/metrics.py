@@ -4,7 +4,8 @@ GLUE scores CoLA by Matthews correlation, MRPC and QQP by F1 of the positive cla
 accuracy, STS-B by Pearson and Spearman correlation, every other task by accuracy. These are
 the definitions of scikit-learn's `matthews_corrcoef` / `f1_score` and SciPy's `pearsonr` /
 `spearmanr` that the GLUE baselines call; written out here on NumPy so that the numbers do not
-depend on a library we do not ship. All functions return fractions in [0, 1] (or [-1, 1]).
+depend on a library we do not ship, and checked against scikit-learn on random inputs
+(tests/test_metrics_crosscheck.py). All functions return fractions in [0, 1] (or [-1, 1]).
 """
 from __future__ import annotations
 

@@ -1,21 +1,33 @@
-"""Single-token perplexity of a masked language model on held-out sequences.
+"""Perplexity of a masked language model on held-out sequences, one unit masked at a time.
 
-For each chosen (sequence, position) holding a non-special token, the model sees the
-sequence with exactly that one token replaced by [MASK] (no other corruption) and we score
-the original token: perplexity = exp(mean negative log-likelihood) over all chosen positions.
-This is the "one token masked at a time" measure, so it does not depend on the masking scheme
-a model was trained with, which makes it comparable across schemes.
+A *unit* is a group of token positions that is masked whole: `token` (every non-special token
+on its own: the paper's single-token perplexity, §4.2 and Table 4), `word` (every WordPiece of
+one whole word, the corpus's `word_ids`) or `NAME` (one masking unit of the corpus's unit set
+NAME, its `units_NAME`, e.g. `pmi`). For each chosen (sequence, unit), the model sees the
+sequence with exactly that unit's tokens replaced by [MASK] (nothing else corrupted) and we
+score each of its original tokens: perplexity = exp(mean negative log-likelihood) over every
+scored token. One unit per masked copy means the scored units of a sequence never overlap and
+never hide each other's context; units partition a sequence, so this is the single-token
+measure with "token" widened to "unit" (our own analysis, docs/experiments.md).
 
-Positions are either every non-special token (`positions=None`) or a seeded sample of
-`positions` of them per sequence, drawn from (seed, sequence index) alone so that batching does
-not change which tokens are scored. Rows (one masked copy of a sequence each) are packed
-`batch_size` at a time into one jitted forward pass, which computes the MLM head at the masked
-position only, not over the whole sequence and vocabulary.
+`spacing` K > 0 is a cheaper variant for large scored sets: each copy masks every K-th chosen
+unit of a sequence at once instead of one (K-fold fewer forward passes; the masked units of a
+copy have K-1 chosen units between them, and every chosen unit is still scored exactly once).
+It is another measure (about 1/K of the context is masked too), so runs are paired only when
+scored with the same spacing.
+
+Units are every unit of the split (`positions=None`) or a seeded sample of `positions` of them
+per sequence, drawn from (seed, sequence index) alone, so that every model scored on the same
+corpus with the same seed is scored on the same tokens, whatever the batching. Each scored
+token's NLL is kept (`ScoredTokens`), so that `pmi-jax compare` can pair two runs token by
+token. Rows (one masked copy each) are packed `batch_size` at a time into one jitted forward
+pass that runs the MLM head at the masked positions only.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 from typing import Iterable, Iterator
 
@@ -26,28 +38,71 @@ import numpy as np
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM
 
+TOKEN, WORD = "token", "word"  # the unit kinds that need no unit set; any other is a corpus unit set
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScoredTokens:
+    """One entry per scored token, in scoring order (sequence, then unit, then position)."""
+    sequence_N: np.ndarray  # int: the sequence's index in its split (shard order)
+    position_N: np.ndarray  # int: the token's position in that sequence
+    unit_N: np.ndarray  # int: the unit's id within the sequence (the position itself for `token`)
+    nll_N: np.ndarray  # float64: negative log-likelihood of the original token, nats
+
+    def digest(self, spacing: int = 0) -> str:
+        """A fingerprint of which tokens were scored, and how (not of their scores): equal for every
+        run scored on the same corpus, split, unit kind, seed and spacing."""
+        h = hashlib.sha256(f"spacing={spacing};".encode() if spacing else b"")
+        for a in (self.sequence_N, self.position_N, self.unit_N):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+        return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class PerplexityResult:
     perplexity: float
-    mean_nll: float  # nats per token
+    mean_nll: float  # nats per scored token
     num_tokens: int
+    num_units: int
     num_sequences: int
+    scores: ScoredTokens
 
 
-def read_sequences(data_dir: str, split: str = "validation", max_sequences: int | None = None) -> Iterator[np.ndarray]:
-    """The `input_ids` of each sequence of a prepared corpus split, in shard order."""
+def unit_feature(unit: str) -> str | None:
+    """The prepared-corpus feature that holds a unit kind's ids (None for `token`)."""
+    from pmi_jax.formats import prepared_corpus
+
+    if unit == TOKEN:
+        return None
+    return prepared_corpus.WORD_IDS if unit == WORD else prepared_corpus.units_feature(unit)
+
+
+def check_unit(unit: str, corpus) -> str:
+    """`unit` if the corpus can be scored with it; else a one-line error naming the choices."""
+    if unit in (TOKEN, WORD) or unit in corpus.unit_names:
+        return unit
+    raise UserInputError(f"--unit {unit}: {corpus.data_dir} has no unit set {unit!r} (choices: token, word"
+                         + "".join(f", {n}" for n in corpus.unit_names) + ")")
+
+
+def read_sequences(data_dir: str, split: str = "validation", max_sequences: int | None = None,
+                   unit: str | None = None) -> Iterator:
+    """The `input_ids` of each sequence of a prepared corpus split, in shard order; with `unit`
+    other than token, (input_ids, unit ids) pairs, the unit ids -1 on special tokens."""
     import tensorflow as tf
     from pmi_jax.formats import prepared_corpus
 
     paths = prepared_corpus.PreparedCorpus(data_dir).files(split)
-    spec = {prepared_corpus.INPUT_IDS: tf.io.RaggedFeature(dtype=tf.int64, row_splits_dtype=tf.int64)}
+    feature = unit_feature(unit) if unit else None
+    names = [prepared_corpus.INPUT_IDS] + ([feature] if feature else [])
+    spec = {n: tf.io.RaggedFeature(dtype=tf.int64, row_splits_dtype=tf.int64) for n in names}
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
     with prepared_corpus.reading(data_dir):  # a shard whose bytes changed is named
         for features in dataset.as_numpy_iterator():
-            yield features[prepared_corpus.INPUT_IDS]
+            ids = features[prepared_corpus.INPUT_IDS]
+            yield (ids, features[feature]) if feature else ids
 
 
 def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):
@@ -66,81 +121,193 @@ def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):
     return corpus
 
 
-def _masked_copies(sequences: Iterable[np.ndarray], *, seq_len: int, special_ids, mask_id: int, pad_id: int,
-                   positions: int | None, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per sequence: (ids [k, seq_len] each with one [MASK], masked positions [k], original ids [k])."""
+def _units_of(ids_T: np.ndarray, units_T: np.ndarray | None, special: np.ndarray) -> list[np.ndarray]:
+    """The token positions of each unit of one sequence, in order of first position."""
+    content_T = ~np.isin(ids_T, special)
+    if units_T is None:
+        return [np.array([p]) for p in np.nonzero(content_T)[0]]
+    if len(units_T) != len(ids_T):
+        raise UserInputError(f"a sequence has {len(ids_T)} input_ids but {len(units_T)} unit ids")
+    scored_T = content_T & (units_T >= 0)
+    positions = np.nonzero(scored_T)[0]
+    ids, first = np.unique(units_T[positions], return_index=True)
+    return [positions[units_T[positions] == ids[i]] for i in np.argsort(first)]
+
+
+def _groups(units: list[np.ndarray], spacing: int) -> list[list[np.ndarray]]:
+    """The units masked together in one copy: each alone (spacing 0), or every `spacing`-th unit."""
+    if not spacing:
+        return [[u] for u in units]
+    return [units[g::spacing] for g in range(min(spacing, len(units)))]
+
+
+def _masked_copies(sequences: Iterable, *, seq_len: int, special_ids, mask_id: int, pad_id: int,
+                   positions: int | None, seed: int, spacing: int = 0
+                   ) -> Iterator[tuple[int, np.ndarray, list[list[np.ndarray]], np.ndarray]]:
+    """Per sequence: (index, ids [k, seq_len], the units masked in each of the k copies, original ids [T]).
+
+    `sequences` yields input_ids (token units) or (input_ids, unit ids) pairs.
+    """
     special = np.asarray(sorted(special_ids))
-    for index, ids_T in enumerate(sequences):
+    for index, item in enumerate(sequences):
+        ids_T, units_T = (item, None) if isinstance(item, np.ndarray) else item
         if len(ids_T) > seq_len:
             raise UserInputError(f"sequence {index} has {len(ids_T)} tokens, more than the {seq_len} expected")
-        chosen_K = np.nonzero(~np.isin(ids_T, special))[0]
-        if positions is not None and len(chosen_K) > positions:
-            rng = np.random.default_rng([seed, index])
-            chosen_K = np.sort(rng.choice(chosen_K, size=positions, replace=False))
-        if not len(chosen_K):
+        units = _units_of(ids_T, units_T, special)
+        if positions is not None and len(units) > positions:
+            rng = np.random.default_rng([seed, index])  # (seed, sequence) alone: the same units for every run
+            units = [units[i] for i in np.sort(rng.choice(len(units), size=positions, replace=False))]
+        if not units:
             continue
-        ids_KxL = np.full([len(chosen_K), seq_len], pad_id, np.int32)
+        groups = _groups(units, spacing)
+        ids_KxL = np.full([len(groups), seq_len], pad_id, np.int32)
         ids_KxL[:, :len(ids_T)] = ids_T
-        ids_KxL[np.arange(len(chosen_K)), chosen_K] = mask_id
-        yield ids_KxL, chosen_K.astype(np.int32), ids_T[chosen_K].astype(np.int32)
+        for k, group in enumerate(groups):
+            ids_KxL[k, np.concatenate(group)] = mask_id
+        yield index, ids_KxL, groups, ids_T
+
+
+def _width(n: int) -> int:
+    """Masked positions per row, rounded up to a power of two so that few shapes compile."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _batches(copies, batch_size: int, pad_id: int):
-    """Regroup per-sequence copies into fixed-size batches; the last is padded with weight 0."""
-    pending, count = [], 0
-    for block in copies:
-        pending.append(block)
-        count += len(block[1])
-        while count >= batch_size:
-            ids, pos, tgt = (np.concatenate(parts) for parts in zip(*pending))
-            yield ids[:batch_size], pos[:batch_size], tgt[:batch_size], np.ones([batch_size], np.float32)
-            pending, count = [(ids[batch_size:], pos[batch_size:], tgt[batch_size:])], count - batch_size
-    if count:
-        ids, pos, tgt = (np.concatenate(parts) for parts in zip(*pending))
-        fill = batch_size - count
-        weights = np.concatenate([np.ones([count], np.float32), np.zeros([fill], np.float32)])
-        yield (np.concatenate([ids, np.full([fill, ids.shape[1]], pad_id, ids.dtype)]),
-               np.pad(pos, (0, fill)), np.pad(tgt, (0, fill)), weights)
+    """Fixed-size batches of masked rows: (ids [B, L], positions [B, P], targets [B, P], weights [B, P], rows).
+
+    `rows` names each real row as (sequence index, masked positions, unit of each, units masked);
+    padding rows and padding slots have weight 0.
+    """
+    pending = []  # (sequence index, ids_L, masked positions, targets, unit (first position) of each)
+    for index, ids_KxL, groups, ids_T in copies:
+        for k, group in enumerate(groups):
+            masked = np.concatenate(group)
+            unit_of = np.concatenate([np.full(len(u), u[0]) for u in group])
+            pending.append((index, ids_KxL[k], masked, ids_T[masked], unit_of, len(group)))
+        while len(pending) >= batch_size:
+            yield _stack(pending[:batch_size], batch_size, pad_id)
+            pending = pending[batch_size:]
+    if pending:
+        yield _stack(pending, batch_size, pad_id)
 
 
-def _logits_at(module: BertForMaskedLM, input_ids_BxL, input_mask_BxL, positions_B):
-    """The MLM logits [B, V] at one position per row: the model's head on the gathered states only,
-    so that the vocabulary projection runs on B vectors instead of B·L."""
-    hidden_BxLxD = module.encoder(input_ids_BxL, input_mask_BxL, deterministic=True)
-    hidden_Bx1xD = jnp.take_along_axis(hidden_BxLxD, positions_B[:, None, None], axis=1)
-    return module.predict(hidden_Bx1xD)[:, 0]
+def _stack(rows, batch_size: int, pad_id: int):
+    width = _width(max(len(r[2]) for r in rows))
+    seq_len = len(rows[0][1])
+    ids_BxL = np.full([batch_size, seq_len], pad_id, np.int32)
+    positions_BxP = np.zeros([batch_size, width], np.int32)
+    targets_BxP = np.zeros([batch_size, width], np.int32)
+    weights_BxP = np.zeros([batch_size, width], np.float32)
+    for b, (_, ids_L, masked, targets, _, _) in enumerate(rows):
+        ids_BxL[b] = ids_L
+        positions_BxP[b, :len(masked)] = masked
+        targets_BxP[b, :len(masked)] = targets
+        weights_BxP[b, :len(masked)] = 1.0
+    return ids_BxL, positions_BxP, targets_BxP, weights_BxP, [(r[0], r[2], r[4], r[5]) for r in rows]
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def masked_token_nll(model: BertForMaskedLM, params, input_ids_BxL, positions_B, targets_B, pad_id):
-    """Negative log-likelihood [B] of each row's original token at its masked position."""
+def masked_nll(model: BertForMaskedLM, params, input_ids_BxL, positions_BxP, targets_BxP, pad_id):
+    """Negative log-likelihood [B, P] of each row's original tokens at its masked positions."""
     input_mask_BxL = (input_ids_BxL != pad_id).astype(jnp.int32)
-    logits_BxV = model.apply({"params": params}, input_ids_BxL, input_mask_BxL, positions_B, method=_logits_at)
-    log_probs_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
-    return -jnp.take_along_axis(log_probs_BxV, targets_B[:, None], axis=-1)[:, 0]
+    logits_BxPxV = model.apply({"params": params}, input_ids_BxL, input_mask_BxL, deterministic=True,
+                               positions_BxP=positions_BxP)
+    log_probs_BxPxV = jax.nn.log_softmax(logits_BxPxV, axis=-1)
+    return -jnp.take_along_axis(log_probs_BxPxV, targets_BxP[..., None], axis=-1)[..., 0]
 
 
-def single_token_perplexity(model: BertForMaskedLM, params, sequences: Iterable[np.ndarray], *, seq_len: int,
-                            special_ids, mask_id: int, pad_id: int, positions: int | None = None, seed: int = 0,
-                            batch_size: int = 64) -> PerplexityResult:
-    """exp(mean NLL) of each chosen non-special token when it alone is masked."""
+def unit_perplexity(model: BertForMaskedLM, params, sequences: Iterable, *, seq_len: int, special_ids,
+                    mask_id: int, pad_id: int, positions: int | None = None, seed: int = 0,
+                    batch_size: int = 64, spacing: int = 0) -> PerplexityResult:
+    """exp(mean NLL) of the tokens of each chosen unit when that unit alone is masked.
+
+    `sequences` yields input_ids (each non-special token a unit) or (input_ids, unit ids) pairs.
+    `spacing` K > 0 trades exactness for K-fold fewer forward passes: each copy masks every K-th
+    chosen unit of the sequence at once (so masked units have at least K-1 chosen units between
+    them), and every chosen unit is still scored exactly once.
+    """
     num_sequences = 0
 
     def counted():
         nonlocal num_sequences
-        for ids_T in sequences:
+        for item in sequences:
             num_sequences += 1
-            yield ids_T
+            yield item
 
     copies = _masked_copies(counted(), seq_len=seq_len, special_ids=special_ids, mask_id=mask_id, pad_id=pad_id,
-                            positions=positions, seed=seed)
-    total_nll, num_tokens = 0.0, 0
-    for ids_BxL, positions_B, targets_B, weights_B in _batches(copies, batch_size, pad_id):
-        nll_B = masked_token_nll(model, params, ids_BxL, positions_B, targets_B, pad_id)
-        total_nll += float(np.sum(np.asarray(nll_B, np.float64) * weights_B))
-        num_tokens += int(weights_B.sum())
-    if not num_tokens:
+                            positions=positions, seed=seed, spacing=spacing)
+    columns = {"sequence": [], "position": [], "unit": [], "nll": []}
+    num_units = 0
+    for ids_BxL, positions_BxP, targets_BxP, weights_BxP, rows in _batches(copies, batch_size, pad_id):
+        nll_BxP = np.asarray(masked_nll(model, params, ids_BxL, positions_BxP, targets_BxP, pad_id), np.float64)
+        for b, (index, masked, unit_of, count) in enumerate(rows):
+            columns["sequence"].append(np.full(len(masked), index))
+            columns["position"].append(masked)
+            columns["unit"].append(unit_of)  # a unit is named by its first position
+            columns["nll"].append(nll_BxP[b, :len(masked)])
+            num_units += count
+    if not num_units:
         raise UserInputError("no non-special tokens to score")
-    mean_nll = total_nll / num_tokens
-    return PerplexityResult(math.exp(mean_nll), mean_nll, num_tokens, num_sequences)
+    scores = ScoredTokens(*(np.concatenate(columns[k]) for k in ("sequence", "position", "unit", "nll")))
+    order_N = np.lexsort((scores.position_N, scores.sequence_N))  # spacing groups units out of order
+    scores = ScoredTokens(*(a[order_N] for a in (scores.sequence_N, scores.position_N, scores.unit_N, scores.nll_N)))
+    mean_nll = float(np.mean(scores.nll_N))
+    return PerplexityResult(math.exp(mean_nll), mean_nll, len(scores.nll_N), num_units, num_sequences, scores)
 
+
+def single_token_perplexity(model: BertForMaskedLM, params, sequences: Iterable[np.ndarray], **kwargs
+                            ) -> PerplexityResult:
+    """exp(mean NLL) of each chosen non-special token when it alone is masked (the paper's Table 4 measure)."""
+    return unit_perplexity(model, params, sequences, **kwargs)
+
+
+def multi_token_subset(scores: ScoredTokens) -> np.ndarray:
+    """Boolean [N]: the scored tokens that belong to units of two or more tokens (for `word`: the
+    words WordPiece splits into several pieces)."""
+    keys_N = scores.sequence_N.astype(np.int64) * (1 << 32) + scores.unit_N
+    _, inverse, counts = np.unique(keys_N, return_inverse=True, return_counts=True)
+    return counts[inverse] >= 2
+
+
+def evaluate_checkpoint(path: str, *, data_dir: str | None, split: str, unit: str, positions: int | None,
+                        seed: int, max_sequences: int | None, batch_size: int, spacing: int = 0) -> dict:
+    """Score one checkpoint with one unit kind: the `eval perplexity` result, as
+    `pmi_jax.formats.perplexity_result` writes it (per-token scores and a 95% interval over the
+    scored sequences included)."""
+    from pmi_jax import checkpoints, intervals
+    from pmi_jax.formats import perplexity_result
+
+    config, params, metadata = checkpoints.restore_for_eval(path)
+    data_dir = data_dir or metadata.data_dir
+    if not data_dir:
+        raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
+    corpus = open_corpus_for(data_dir, config, metadata, path)
+    check_unit(unit, corpus)
+    special = corpus.special_ids
+    result = unit_perplexity(
+        BertForMaskedLM(config), params, read_sequences(data_dir, split, max_sequences, unit=unit),
+        seq_len=corpus.seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
+        positions=positions, seed=seed, batch_size=batch_size, spacing=spacing)
+    s = result.scores
+    _, sums_S, counts_S = intervals.per_sequence(s.sequence_N, s.nll_N)
+    interval = intervals.mean_interval(sums_S, counts_S)
+    report = {"checkpoint": path, "step": metadata.step, "scheme": metadata.run_scheme,
+              "train_seed": metadata.config.get("train", {}).get("seed"),
+              "data": data_dir, "split": split, "unit": unit,
+              "positions": "all" if positions is None else positions, "seed": seed, "max_sequences": max_sequences,
+              "spacing": spacing,
+              "perplexity": result.perplexity, "mean_nll": result.mean_nll,
+              "interval": {"confidence": intervals.CONFIDENCE, "over": "scored sequences (bootstrap)",
+                           "mean_nll": [interval.low, interval.high],
+                           "perplexity": [math.exp(interval.low), math.exp(interval.high)]},
+              "num_tokens": result.num_tokens, "num_units": result.num_units,
+              "num_sequences": result.num_sequences}
+    if unit != TOKEN:
+        multi_N = multi_token_subset(s)
+        if multi_N.any():
+            report["multi_token"] = {"mean_nll": float(np.mean(s.nll_N[multi_N])),
+                                     "perplexity": math.exp(float(np.mean(s.nll_N[multi_N]))),
+                                     "num_tokens": int(multi_N.sum())}
+    report["scored_set"] = s.digest(spacing)
+    report["scores"] = perplexity_result.encode_scores(s.sequence_N, s.position_N, s.unit_N, s.nll_N)
+    return report

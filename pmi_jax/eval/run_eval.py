@@ -48,48 +48,74 @@ class PerplexityRequest:
 
     data: str | None = None  # default: the corpus the checkpoint was trained on
     split: str = "validation"
-    positions: int | None = None  # None: every non-special token
-    positions_text: str = "all"  # as given, recorded in the result
+    units: tuple[str, ...] = ("token",)  # token, word or a unit set of the corpus; one result each
+    positions: int | None = None  # None: every unit
     seed: int = 0
     max_sequences: int | None = None
     batch_size: int = 64
-    output: str | None = None  # one more copy of the result (one checkpoint only)
+    spacing: int = 0  # 0: one unit per masked copy; K: every K-th unit masked together
+    skip_existing: bool = False  # keep a result already scored with these settings
+    output: str | None = None  # one more copy of the result (one checkpoint and unit only)
+
+    def settings(self, unit: str) -> dict:
+        """The recorded settings that decide which tokens were scored, and how."""
+        return {"split": self.split, "unit": unit, "seed": self.seed,
+                "positions": "all" if self.positions is None else self.positions, "spacing": self.spacing,
+                "max_sequences": self.max_sequences}
+
+
+def existing_perplexity(path: str, request: PerplexityRequest, unit: str) -> str | None:
+    """The RUN/eval result of this checkpoint and unit if it holds per-token scores and was scored
+    with the request's settings (a checkpoints/<step> directory's name is its step)."""
+    from pmi_jax import storage
+    from pmi_jax.formats import perplexity_result
+
+    step = path.rstrip("/").rsplit("/", 1)[-1]
+    if not step.isdigit():
+        return None  # a run directory: its latest step is known only after restoring
+    target = run_dir.perplexity_result_path(run_dir.run_dir_of(path), request.split, int(step), unit)
+    if not storage.gfile.exists(target):
+        return None
+    try:
+        found = perplexity_result.read(target)
+    except UserInputError:
+        return None
+    found.setdefault("spacing", 0)
+    same = all(found.get(k) == v for k, v in request.settings(unit).items())
+    return target if same and found.get("scores") is not None else None
 
 
 def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> Iterator[dict]:
-    """Single-token perplexity of each checkpoint; yields each report once written."""
-    from pmi_jax import checkpoints, storage
+    """Perplexity of each checkpoint with each unit kind; yields each report once written, or
+    {"skipped": path of the result} where `skip_existing` found it done."""
+    from pmi_jax import storage
     from pmi_jax.eval import perplexity
-    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.formats import perplexity_result
 
-    if request.output and len(paths) > 1:
-        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step)")
+    if request.output and (len(paths) > 1 or len(request.units) > 1):
+        raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step) "
+                             "and one --unit")
     for run in sorted({run_dir.run_dir_of(path) for path in paths}):  # the result is always filed there
         folder = run_dir.eval_dir(run)
         storage.check_writable_directory(folder, f"--checkpoint {run}: its results folder {folder}")
     for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
-        data_dir = request.data or metadata.data_dir
-        if not data_dir:
-            raise UserInputError(f"checkpoint {path} records no corpus; pass --data")
-        corpus = perplexity.open_corpus_for(data_dir, config, metadata, path)
-        seq_len, special = corpus.seq_len, corpus.special_ids
-        result = perplexity.single_token_perplexity(
-            BertForMaskedLM(config), params, perplexity.read_sequences(data_dir, request.split, request.max_sequences),
-            seq_len=seq_len, special_ids=list(special.values()), mask_id=special["mask"], pad_id=special["pad"],
-            positions=request.positions, seed=request.seed, batch_size=request.batch_size)
-        report = {"checkpoint": path, "step": metadata.step, "scheme": metadata.scheme,
-                  "data": data_dir, "split": request.split, "positions": request.positions_text, "seed": request.seed,
-                  "max_sequences": request.max_sequences, "perplexity": result.perplexity,
-                  "mean_nll": result.mean_nll, "num_tokens": result.num_tokens, "num_sequences": result.num_sequences}
-        text = json.dumps(report, indent=2) + "\n"
-        run = run_dir.run_dir_of(path)
-        storage.gfile.makedirs(run_dir.eval_dir(run))
-        for target in [run_dir.perplexity_result_path(run, request.split, metadata.step),
-                       *([request.output] if request.output else [])]:
-            with storage.write_errors(target), storage.atomic_file(target) as f:
-                f.write(text)
-        yield report
+        for unit in request.units:
+            if request.skip_existing:
+                done = existing_perplexity(path, request, unit)
+                if done:
+                    yield {"skipped": done}
+                    continue
+            report = perplexity.evaluate_checkpoint(
+                path, data_dir=request.data, split=request.split, unit=unit, positions=request.positions,
+                seed=request.seed, max_sequences=request.max_sequences, batch_size=request.batch_size,
+                spacing=request.spacing)
+            run = run_dir.run_dir_of(path)
+            storage.gfile.makedirs(run_dir.eval_dir(run))
+            for target in [run_dir.perplexity_result_path(run, request.split, report["step"], unit),
+                           *([request.output] if request.output else [])]:
+                with storage.write_errors(target):
+                    perplexity_result.write(target, report)
+            yield report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +132,7 @@ class FinetuneRequest:
     output: str | None = None
     overwrite: bool = False
     inputs: tuple = ()  # (option, path) of what the command reads: no output may hold one (storage)
+    hf_model: str | None = None  # the one path is a released transformers BERT (`--hf-model`), not a run's
 
 
 def finetune_output(request: FinetuneRequest, path: str, step, many: bool) -> str:
@@ -114,6 +141,8 @@ def finetune_output(request: FinetuneRequest, path: str, step, many: bool) -> st
 
     if request.output:
         return storage.join(request.output, f"step{step}") if many else request.output
+    if request.hf_model:
+        raise UserInputError("--hf-model: pass --output (a released model has no run directory to write into)")
     return run_dir.finetune_result_dir(run_dir.run_dir_of(path), request.task.name, request.settings.protocol, step)
 
 
@@ -130,12 +159,15 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
                                      directory=True, inputs=request.inputs)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
-        config, params, metadata = checkpoints.restore_for_eval(path)
+        if request.hf_model:
+            config, params, metadata, vocab = _released_model(path, request.vocab)
+        else:
+            config, params, metadata = checkpoints.restore_for_eval(path)
+            vocab = run_dir.vocabulary_for(metadata, path, config.vocab_size, vocab=request.vocab)
         step = metadata.step
         output = finetune_output(request, path, step, many)
         storage.check_new_output(output, request.overwrite, directory=True,
                                  inputs=[*request.inputs, ("the checkpoint's corpus", metadata.data_dir)])
-        vocab = run_dir.vocabulary_for(metadata, path, config.vocab_size, vocab=request.vocab)
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             wordpiece = WordPieceVocabulary(vocab)
             max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
@@ -157,9 +189,11 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
                                               dataclasses.replace(settings, max_seq_len=max_seq_len),
                                               encoded.get("test"))
         result.update({"checkpoint": path, "step": step, "scheme": metadata.scheme,
+                       **({"hf_model": path} if request.hf_model else {}),
                        "data": request.data_label, "test_data": request.test_data, "max_seq_len": max_seq_len})
         test_outputs = result.pop("test_outputs", None)
-        title = f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.scheme})"
+        title = (f"{task.name} fine-tuning of the released model {path}" if request.hf_model else
+                 f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.scheme})")
         with storage.write_errors(output), storage.atomic_directory(output, overwrite=request.overwrite) as tmp:
             if test_outputs is not None:
                 written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
@@ -169,3 +203,20 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
             with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
                 f.write(finetune.markdown_report(result, title))
         yield result, output
+
+
+def _released_model(directory: str, vocab: str | None):
+    """(config, params, metadata, vocab.txt) of a released transformers BERT, as a checkpoint's
+    would be: no step, no scheme; its own vocab.txt unless --vocab names the same file."""
+    from pmi_jax import huggingface, storage
+    from pmi_jax.formats import wordpiece_vocab
+
+    config, params, own_vocab = huggingface.released_encoder(directory)
+    metadata = run_dir.CheckpointMetadata(step=None, vocab_sha256=storage.file_sha256(own_vocab),
+                                          vocab_size=config.vocab_size)
+    if vocab:
+        wordpiece_vocab.check_matches_checkpoint(f"--vocab {vocab}", sha256=storage.file_sha256(vocab),
+                                                 size=len(wordpiece_vocab.read_vocab(vocab)),
+                                                 expected_sha256=metadata.vocab_sha256, vocab_size=config.vocab_size,
+                                                 checkpoint=directory)
+    return config, params, metadata, vocab or own_vocab

@@ -20,7 +20,9 @@ null - best_span > `null_score_diff_threshold`.
 Scoring is that of the official SQuAD 2.0 script: answers normalised (lower case, punctuation
 and the articles a/an/the removed, whitespace collapsed), exact match and bag-of-tokens F1,
 maximum over the gold answers, an unanswerable question counting 1 only for the empty
-prediction; plus the script's best-threshold figures computed from the null-score margins.
+prediction (HasAns/NoAns split by whether the raw answer list is empty, as the script does);
+plus the script's best-threshold figures computed from the null-score margins. Checked against
+transformers' port of the script on random questions (tests/test_metrics_crosscheck.py).
 """
 from __future__ import annotations
 
@@ -81,8 +83,14 @@ def token_f1(gold: str, prediction: str) -> float:
 
 
 def _gold_answers(example: SquadExample) -> list[str]:
-    # The official script drops gold answers that normalise to nothing; none left = unanswerable.
+    # The official script drops gold answers that normalise to nothing; none left: only "" scores.
     return [a for a in example.answers if normalize_answer(a)] or [""]
+
+
+def _has_answer(example: SquadExample) -> bool:
+    # The official script's HasAns/NoAns split (`make_qid_to_has_ans`) looks at the raw answer
+    # list: a question whose only gold answer is "the" is a HasAns question that "" answers.
+    return bool(example.answers)
 
 
 def _per_question(examples: Sequence[SquadExample], predictions: dict[str, str]):
@@ -100,7 +108,7 @@ def evaluate_predictions(examples: Sequence[SquadExample], predictions: dict[str
     result = {"exact": 100.0 * np.mean(list(exact.values())), "f1": 100.0 * np.mean(list(f1.values())),
               "total": len(examples)}
     for name, keep in (("HasAns", True), ("NoAns", False)):
-        ids = [e.qid for e in examples if (_gold_answers(e) != [""]) == keep]
+        ids = [e.qid for e in examples if _has_answer(e) == keep]
         if ids:
             result[f"{name}_exact"] = 100.0 * np.mean([exact[q] for q in ids])
             result[f"{name}_f1"] = 100.0 * np.mean([f1[q] for q in ids])
@@ -118,7 +126,7 @@ def best_thresholds(examples: Sequence[SquadExample], span_predictions: dict[str
     margins: pass one as `null_score_diff_threshold` to reproduce its score.
     """
     exact, f1 = _per_question(examples, span_predictions)
-    has_answer = {e.qid: _gold_answers(e) != [""] for e in examples}
+    has_answer = {e.qid: _has_answer(e) for e in examples}
     order = sorted(null_margins, key=null_margins.get)
     result = {}
     for name, scores in (("exact", exact), ("f1", f1)):

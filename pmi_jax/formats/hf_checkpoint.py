@@ -56,8 +56,13 @@ def _write_json(directory: str, name: str, value: dict) -> None:
 
 
 def write_checkpoint(directory: str, config: dict, tensors: Mapping[str, np.ndarray], tokens: Sequence[str],
-                     model_max_length: int, model_card: str) -> None:
-    """Write every file into `directory` (the caller makes the directory and publishes it atomically)."""
+                     model_max_length: int, model_card: str, corpus_tokenizer: str | None = None) -> None:
+    """Write every file into `directory` (the caller makes the directory and publishes it atomically).
+
+    `corpus_tokenizer`: the tokenizer.json a corpus was prepared with (`corpus prepare --tokenizer`),
+    exported as itself with BERT's [CLS] ... [SEP] template (`own_tokenizer_json`); without it, the
+    uncased BERT tokenizer of `tokens`.
+    """
     from safetensors.numpy import save  # bytes, so that gs:// works through gfile
 
     _write_json(directory, CONFIG_FILE, config)
@@ -65,10 +70,41 @@ def write_checkpoint(directory: str, config: dict, tensors: Mapping[str, np.ndar
     with storage.gfile.GFile(_path(directory, WEIGHTS_FILE), "wb") as f:
         f.write(save(contiguous, metadata=_SAFETENSORS_METADATA))
     _write_text(directory, VOCAB_FILE, wordpiece_vocab.vocab_text(tokens))
-    _write_json(directory, TOKENIZER_FILE, tokenizer_json(tokens))
-    _write_json(directory, TOKENIZER_CONFIG_FILE, tokenizer_config(model_max_length))
+    if corpus_tokenizer is None:
+        _write_json(directory, TOKENIZER_FILE, tokenizer_json(tokens))
+        _write_json(directory, TOKENIZER_CONFIG_FILE, tokenizer_config(model_max_length))
+    else:
+        _write_json(directory, TOKENIZER_FILE, own_tokenizer_json(corpus_tokenizer, tokens))
+        _write_json(directory, TOKENIZER_CONFIG_FILE, {
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False, **_SPECIAL_TOKEN_ARGS})
     _write_json(directory, SPECIAL_TOKENS_FILE, dict(_SPECIAL_TOKEN_ARGS))
     _write_text(directory, MODEL_CARD_FILE, model_card)
+
+
+def own_tokenizer_json(text: str, tokens: Sequence[str]) -> dict:
+    """The corpus's own tokenizer.json, its post-processor set to what the model was trained on:
+    [CLS] A [SEP] (and B [SEP] with token type 1 for pairs), so that transformers adds them.
+    Its vocabulary must be `tokens`, id for id (the model's rows)."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(text)
+    vocab = Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
+    if len(vocab) != len(tokens) or any(vocab.get(t) != i for i, t in enumerate(tokens)):
+        raise UserInputError(f"the corpus's {TOKENIZER_FILE} does not hold the model's vocabulary ({len(vocab)} "
+                             f"tokens, the model {len(tokens)}), id for id")
+    ids = wordpiece_vocab.special_ids(tokens)
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+        "special_tokens": {name: {"id": name, "ids": [ids[name.strip("[]").lower()]], "tokens": [name]}
+                           for name in ("[CLS]", "[SEP]")},
+    }
+    return spec
 
 
 def tokenizer_config(model_max_length: int) -> dict:

@@ -2,6 +2,8 @@
 
 A data directory holds
   vocab.txt                                  the WordPiece vocabulary, id = line number
+  tokenizer.json                             only with `--tokenizer`: the Hugging Face tokenizer that
+                                             wrote the ids (vocab.txt lists its tokens by id)
   {split}-{i:05d}-of-{n:05d}.tfrecord        split in ("train", "validation")
   metadata.json                              written last: the run's record, with each shard's size
 Each record is a `tf.train.Example` for one packed sequence of T <= seq_len tokens, unpadded,
@@ -30,6 +32,7 @@ from pmi_jax.errors import UserInputError
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
 VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"
 METADATA_FILE = "metadata.json"
 
 INPUT_IDS = "input_ids"
@@ -111,6 +114,23 @@ def vocab_path(data_dir: str) -> str:
     return storage.join(data_dir, VOCAB_FILE)
 
 
+def tokenizer_path(data_dir: str) -> str:
+    return storage.join(data_dir, TOKENIZER_FILE)
+
+
+def read_tokenizer(data_dir: str, metadata: dict) -> str | None:
+    """The text of tokenizer.json where the corpus was prepared with `--tokenizer` (None otherwise),
+    checked against the hash metadata.json records."""
+    record = metadata.get("tokenizer")
+    if record is None:
+        return None
+    path = tokenizer_path(data_dir)
+    if not storage.gfile.exists(path) or storage.file_sha256(path) != record.get("sha256"):
+        raise UserInputError(f"{path}: missing, or not the {TOKENIZER_FILE} metadata.json records")
+    with storage.gfile.GFile(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
 def read_metadata(data_dir: str) -> dict:
     """The parsed metadata.json of a data directory, its structure checked; a one-line error otherwise.
 
@@ -118,9 +138,10 @@ def read_metadata(data_dir: str) -> dict:
     size, trained}, special_ids {pad, unk, cls, sep, mask}, units {name: {source, sha256,
     entries, coverage}}, splits {split: {shards, sequences, tokens, documents, files}},
     shards {file: {bytes, sha256, sequences, tokens, content_tokens, documents, multiword_tokens}},
-    corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint. `shards`,
-    `shards.*.sha256` and `corpus.invalid_utf8_bytes` are absent from corpora prepared before
-    they were recorded.
+    corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint, tokens_per_word
+    (content tokens over basic-tokenizer words; splits and shards then hold `words` too). `shards`,
+    `shards.*.sha256`, `corpus.invalid_utf8_bytes` and the word counts are absent from corpora prepared before they
+    were recorded.
     """
     path = metadata_path(data_dir)
     if not storage.gfile.exists(path):

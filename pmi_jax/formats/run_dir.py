@@ -3,7 +3,7 @@ share, so that no reader re-types a path or a metadata key (docs/design.md, "Run
 
     RUN/checkpoints/<step>/state, metadata            pmi_jax.checkpoints (Orbax); metadata: CheckpointMetadata
     RUN/tensorboard/metrics.jsonl                     MetricWriter writes, read_metrics reads
-    RUN/eval/perplexity-<split>-step<N>.json          perplexity_result_path
+    RUN/eval/perplexity-<split>[-<unit>]-step<N>.json perplexity_result_path (contents: perplexity_result)
     RUN/eval/<task>-<protocol>-step<N>/results.json   finetune_result_dir
 """
 from __future__ import annotations
@@ -108,34 +108,11 @@ def eval_dir(run: str) -> str:
     return storage.join(run, EVAL_DIR)
 
 
-def perplexity_result_path(run: str, split: str, step) -> str:
-    return storage.join(eval_dir(run), f"{PERPLEXITY_PREFIX}{split}-step{step}.json")
-
-
-# The fields of a perplexity result that readers use, with their types: `compare` tabulates
-# them, `export hf --perplexity` quotes them in the model card.
-PERPLEXITY_FIELDS = {"step": int, "split": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
-                     "num_sequences": int}
-
-
-def read_perplexity_result(path: str, option: str = "") -> dict:
-    """A result `eval perplexity` wrote (RUN/eval/perplexity-*.json, or its --output), its fields
-    and their types checked; a one-line error naming `option` and `path` otherwise."""
-    name = f"{option} {path}".strip()
-    if not storage.gfile.exists(path):
-        raise UserInputError(f"{name}: no such file")
-    result = storage.read_json_object(path)
-    for field, kind in PERPLEXITY_FIELDS.items():
-        value = result.get(field)
-        if kind is str:
-            ok = isinstance(value, str)
-        else:
-            ok = not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
-        if not ok:
-            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
-            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
-                                 f"{json.dumps(value)[:40]}, expected {expected})")
-    return result
+def perplexity_result_path(run: str, split: str, step, unit: str = "token") -> str:
+    """`--unit token` keeps the name it had before units existed; other units add theirs.
+    The file's contents: `pmi_jax.formats.perplexity_result`."""
+    name = f"{split}-step{step}" if unit == "token" else f"{split}-{unit}-step{step}"
+    return storage.join(eval_dir(run), f"{PERPLEXITY_PREFIX}{name}.json")
 
 
 def finetune_result_dir(run: str, task: str, protocol: str, step) -> str:

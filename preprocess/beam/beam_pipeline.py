@@ -20,12 +20,12 @@ from pmi_jax.errors import UserInputError
 BATCH_CHARS = 1_000_000
 
 
-def _read_batches(path: str, batch_chars: int) -> Iterator[list[str]]:
+def _read_batches(path: str, batch_chars: int, text_field: str) -> Iterator[list[str]]:
     """The batches of one file, then its count of invalid UTF-8 bytes on the output "invalid"."""
     from preprocess.text.documents import iter_document_batches, tally_replacements
 
     with tally_replacements() as replaced:
-        yield from iter_document_batches([path], batch_chars)
+        yield from iter_document_batches([path], batch_chars, text_field)
     yield beam.pvalue.TaggedOutput("invalid", sum(replaced.values()))
 
 
@@ -37,16 +37,17 @@ class ReadDocumentBatches(beam.PTransform):
     work done per batch is spread evenly whatever the file sizes.
     """
 
-    def __init__(self, files: Sequence[str], batch_chars: int = BATCH_CHARS):
+    def __init__(self, files: Sequence[str], batch_chars: int = BATCH_CHARS, text_field: str = "text"):
         super().__init__()
         self._files = list(files)
         self._batch_chars = batch_chars
+        self._text_field = text_field
 
     def expand(self, pbegin):
         read = (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "SpreadFiles" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars).with_outputs("invalid", main="batches"))
+                | "Read" >> beam.FlatMap(_read_batches, self._batch_chars, self._text_field).with_outputs("invalid", main="batches"))
         # Per file, the bytes replaced by U+FFFD (stats.json's invalid_utf8_bytes); read after applying.
         self.invalid_utf8_bytes = read.invalid
         return read.batches | "SpreadBatches" >> beam.Reshuffle()

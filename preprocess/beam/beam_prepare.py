@@ -89,13 +89,12 @@ def prepare(config, pipeline_options=None) -> dict:
 
 
 def _run(config, plan, pipeline_options) -> dict:
-    from pmi_jax.formats import wordpiece_vocab
     from preprocess.corpus import prepare as local
 
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files = plan.scan.files
     if given is not None:
-        wordpiece_vocab.write_vocab(vocab_txt, given)
+        plan.install_given()
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
     todo = [(t.split, t.index) for t in plan.todo]
     context = plan.worker_context()
@@ -103,7 +102,7 @@ def _run(config, plan, pipeline_options) -> dict:
             beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
-                           | "Read" >> beam_pipeline.ReadDocumentBatches(files)
+                           | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=plan.scan.text_field)
                            | "CountWords" >> beam.FlatMap(count_batch_words)
                            | "SumWords" >> beam.CombinePerKey(sum)
                            | "AllWords" >> beam.combiners.ToList()

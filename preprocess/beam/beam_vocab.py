@@ -43,11 +43,14 @@ Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.text.wo
 # Counting
 
 
-def document_words(batch: Sequence[str]) -> list[tuple[bytes, ...]]:
-    """The words of each document of a batch (one tokeniser call for the whole batch)."""
+def document_words(batch: Sequence[str], tokenizer: str | None = None, cased: bool = False) -> list[tuple[bytes, ...]]:
+    """The words of each document of a batch (one tokeniser call for the whole batch), split as
+    `vocab build --tokenizer` says (preprocess.text.hf_tokenizer; loaded once per worker process)."""
+    from preprocess.text import hf_tokenizer
     from preprocess.text.words import split_words_flat
 
-    flat, splits = split_words_flat(batch)
+    chosen = hf_tokenizer.select(tokenizer, cased)
+    flat, splits = split_words_flat(batch) if chosen is None else chosen.words_flat(batch)
     return [tuple(flat[splits[i]:splits[i + 1]]) for i in range(len(batch))]
 
 
@@ -166,7 +169,12 @@ def select(_, options, files: Sequence[str], frequent, counted, totals, distinct
         raise UserInputError(f"--input {' '.join(files)}: no n-gram of 2 or more words occurs "
                              f"--min-count {options.min_count} times; give more text or lower --min-count")
     # Coverage and elapsed time are filled in by the last stage; the key order stays the local one.
-    stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0, 0)
+    from preprocess.text import hf_tokenizer
+
+    tokenizer = hf_tokenizer.select(options.tokenizer, options.cased)
+    if tokenizer is not None:
+        build_vocab.check_tokenizer_words(table.words, options.tokenizer)
+    stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0, 0, tokenizer)
     return {
         "text": build_vocab.vocabulary_text(table, selection),
         "grams": {n: {tuple(w.encode("utf-8") for w in t.split(" ")) for t in s.texts} for n, s in selection.items()},
@@ -206,10 +214,10 @@ def write(selected: dict, output: str, started: float, covered: int, invalid_utf
 def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, options, started: float) -> None:
     """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
     max_n, min_count = options.max_n, options.min_count
-    read = beam_pipeline.ReadDocumentBatches(files)
+    read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
     batches = (pipeline
                | "Read" >> read
-               | "Words" >> beam.Map(document_words))
+               | "Words" >> beam.Map(document_words, options.tokenizer, options.cased))
     invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches
               | "Totals" >> beam.Map(batch_totals, max_n)
@@ -250,6 +258,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
     from preprocess.vocab.build_vocab import VocabOptions
+    from preprocess.text import hf_tokenizer
     from preprocess.text.documents import check_output_apart, expand_inputs
 
     started = time.time()
@@ -258,6 +267,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
+    hf_tokenizer.select(options.tokenizer, options.cased)  # a bad --tokenizer fails here, before the pipeline
     with beam_pipeline.user_errors_in_one_line(), \
             beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)

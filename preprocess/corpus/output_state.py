@@ -34,7 +34,8 @@ def _our_files(output: str) -> list[str]:
 def _is_ours(name: str) -> bool:
     name = name.rstrip("/")
     return (name.endswith(".tfrecord") or ".tmp-" in name
-            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.METADATA_FILE, MARKER, PROGRESS_DIR))
+            or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.TOKENIZER_FILE, prepared_corpus.METADATA_FILE,
+                        MARKER, PROGRESS_DIR))
 
 
 def check_output_apart(config, files: Sequence[str]) -> None:
@@ -142,11 +143,16 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     vocab = prepared_corpus.vocab_path(output)
     vocab_ok = (storage.gfile.exists(vocab)
                 and storage.file_sha256(vocab) == metadata.get("wordpiece", {}).get("sha256"))
+    if "tokenizer" in metadata:  # `--tokenizer`: its tokenizer.json is checked like vocab.txt
+        tokenizer = prepared_corpus.tokenizer_path(output)
+        vocab_ok = vocab_ok and (storage.gfile.exists(tokenizer)
+                                 and storage.file_sha256(tokenizer) == metadata["tokenizer"].get("sha256"))
     if not damaged and vocab_ok:
         return True  # (an older run's metadata records no sizes: presence is what can be checked)
     problems = [f"{name} is {what}" for name, what in damaged.items()]
     if not vocab_ok:
-        problems.append(f"{prepared_corpus.VOCAB_FILE} is missing or not the one recorded")
+        problems.append(f"{prepared_corpus.VOCAB_FILE} or {prepared_corpus.TOKENIZER_FILE} is missing or not the "
+                        "one recorded")
     log.warning("%s: prepared with this configuration, but %s; rewriting what is damaged", output,
                 "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
     write_json(storage.join(output, MARKER), {"config_fingerprint": fingerprint})
@@ -159,6 +165,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
         remove(storage.join(output, name))
     if not vocab_ok:
         remove(vocab)
+        remove(prepared_corpus.tokenizer_path(output))
     return False
 
 

@@ -17,6 +17,7 @@ each split's documents, in corpus order, are cut into contiguous runs, one per s
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -35,7 +36,7 @@ from pmi_jax.formats import prepared_corpus, wordpiece_vocab
 from preprocess.corpus import segmentation, wordpiece
 from preprocess.corpus.output_state import (check_output_apart, claim_output, close_run, is_done,  # noqa: F401
                                             progress_path, read_json, removed_unless_begun, write_json)
-from preprocess.text import documents
+from preprocess.text import documents, hf_tokenizer
 from preprocess.corpus.sequence_packing import SequencePacker
 from preprocess.text.words import split_words_ragged
 
@@ -62,6 +63,9 @@ class PrepareConfig:
     workers: int = 1
     overwrite: bool = False
     progress: bool = True                     # progress bars on stderr
+    text_field: str = documents.DEFAULT_TEXT_FIELD  # the documents' field in JSON lines, Parquet and Arrow
+    tokenizer: str | None = None              # a tokenizer.json, or a vocab.txt (cased with `cased`)
+    cased: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,7 @@ class CorpusScan:
     chars: int
     sha256: str
     invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/text/documents.py)
+    text_field: str = documents.DEFAULT_TEXT_FIELD
 
     @property
     def documents(self) -> int:
@@ -98,29 +103,37 @@ class WorkerContext:
     seq_len: int
     seed: int
     scan: CorpusScan
+    tokenizer_json: str | None = None  # DIR/tokenizer.json where the ids come from `tokenizers`
 
 
 # ---------------------------------------------------------------------------------------------
 # Inputs: corpus, vocabularies, document assignment.
 
-def scan_corpus(files: Sequence[str], progress: bool = True) -> CorpusScan:
+def scan_corpus(files: Sequence[str], progress: bool = True,
+                text_field: str = documents.DEFAULT_TEXT_FIELD) -> CorpusScan:
     """One pass over the corpus: documents per file, characters, and a content hash."""
     digest = hashlib.sha256()
     counts, chars = [], 0
     with documents.tally_replacements() as replaced:
         for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2 or not progress):
             n = 0
-            for doc in documents.read_documents(path):
+            for doc in documents.read_documents(path, text_field):
                 digest.update(doc.encode("utf-8") + b"\0")
                 chars += len(doc)
                 n += 1
             counts.append(n)
-    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()))
+    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field)
 
 
-def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
-    """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}."""
-    from pmi_jax.formats.masking_vocab import load_ngrams
+def load_unit_vocabularies(units: Sequence[tuple[str, str]],
+                           tokenizer: hf_tokenizer.HFTokenizer | None = None) -> dict[str, dict]:
+    """Load and check every --units vocabulary: {name: {"source", "sha256", "entries"}}.
+
+    A vocabulary directory records the word splitting it was built with (stats.json's
+    "tokenizer", absent for BERT's uncased words); it must be this corpus's, or no unit would
+    ever match. A plain list is checked against BERT's uncased words on the default path only.
+    """
+    from pmi_jax.formats.masking_vocab import load_ngrams, read_stats
     from preprocess.vocab.vocab_selection import check_ngrams
 
     loaded = {}
@@ -135,7 +148,14 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]]) -> dict[str, dict]:
             ngrams = [tuple(g) for g in load_ngrams(source)]
         except UserInputError as e:
             raise UserInputError(f"--units {name}={source}: {e}") from None
-        problems = check_ngrams(ngrams)  # wrong normalisation, lengths outside 2..5, duplicates
+        if storage.gfile.isdir(source):
+            built = read_stats(source).get("tokenizer", {}).get("words_sha256")
+            ours = tokenizer.words_sha256 if tokenizer is not None else None
+            if built != ours:
+                words = lambda s: "the words of --tokenizer" if s else "BERT's uncased words"  # noqa: E731
+                raise UserInputError(f"--units {name}={source}: built on {words(built)}, but this corpus is split "
+                                     f"into {words(ours)}; build it with the same --tokenizer")
+        problems = check_ngrams(ngrams, normalisation=tokenizer is None)  # lengths outside 2..5, duplicates
         if problems:
             raise UserInputError(f"--units {name}={source}: " + "; ".join(problems))
         loaded[name] = {"source": source, "sha256": segmentation.ngrams_sha256(ngrams), "entries": len(ngrams)}
@@ -202,6 +222,8 @@ def check_config(config: PrepareConfig) -> None:
         raise UserInputError(f"--shards {config.shards}: must be positive (or 0 for automatic)")
     if config.workers < 1:
         raise UserInputError(f"--workers {config.workers}: must be at least 1")
+    if config.wordpiece is not None and config.tokenizer is not None:
+        raise UserInputError("--wordpiece and --tokenizer: give one")
     if config.wordpiece is None and config.wordpiece_size <= len(wordpiece_vocab.SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {config.wordpiece_size}: must exceed the special tokens")
 
@@ -219,7 +241,7 @@ def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple
     for f, path in enumerate(scan.files):
         if first_of_file[f + 1] <= lo or first_of_file[f] > hi:
             continue
-        for i, doc in enumerate(documents.read_documents(path), start=int(first_of_file[f])):
+        for i, doc in enumerate(documents.read_documents(path, scan.text_field), start=int(first_of_file[f])):
             if i > hi:
                 break
             if i in wanted:
@@ -246,16 +268,25 @@ class ShardWriter:
         self.context = context
         self.tokens = wordpiece_vocab.load_vocab(context.vocab_txt)
         self.special = wordpiece_vocab.special_ids(self.tokens)
-        self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
+        if context.tokenizer_json is not None:
+            self.encoder = hf_tokenizer.load(context.tokenizer_json)
+        else:
+            self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
         self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
+        self.words = 0  # words split off by `sequences` since the last `write` began
 
     def sequences(self, docs: Iterator[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
         """Packed sequences of the documents, in order."""
         for doc_indices, texts in _batches(docs):
-            words = split_words_ragged(tf.constant(texts))
-            flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
-            ids, word_token_splits = self.encoder.encode_words(flat_words)
+            if isinstance(self.encoder, hf_tokenizer.HFTokenizer):
+                words, doc_word_splits, ids, word_token_splits = self.encoder.encode(texts)
+                flat_words = tf.constant(words, tf.string)
+            else:
+                words = split_words_ragged(tf.constant(texts))
+                flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
+                ids, word_token_splits = self.encoder.encode_words(flat_words)
             pieces_per_word = np.diff(word_token_splits)
+            self.words += len(pieces_per_word)
             word_start = np.zeros(len(ids), dtype=bool)
             word_start[word_token_splits[:-1][pieces_per_word > 0]] = True
             unit_start = {}
@@ -274,6 +305,7 @@ class ShardWriter:
         tmp = storage.temporary_sibling(path)
         encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
         stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
+        self.words = 0
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
@@ -281,6 +313,7 @@ class ShardWriter:
                     stats["sequences"] += 1
                     stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
             stats["content_tokens"] = packer.tokens
+            stats["words"] = self.words
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
             stats["sha256"] = storage.file_sha256(tmp)
@@ -349,7 +382,10 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
-        counts = wordpiece.count_words(documents.iter_document_batches(scan.files, _BATCH_CHARS))
+        from preprocess.vocab.word_stream import count_words  # the vocabulary build's threaded reader: same counts
+
+        counts = collections.Counter(count_words(scan.files, config.workers, scan.text_field, config.progress,
+                                                 _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
     wordpiece_vocab.write_vocab(target, tokens)
     return tokens
@@ -366,6 +402,7 @@ class PreparePlan:
     shard_counts: dict[str, int]  # shards per split
     tasks: list[ShardTask]  # every shard of the output
     todo: list[ShardTask]   # those not yet written (all of them, unless resuming)
+    tokenizer: hf_tokenizer.HFTokenizer | None = None  # --tokenizer (not an uncased vocab.txt)
 
     @property
     def vocab_txt(self) -> str:
@@ -373,7 +410,16 @@ class PreparePlan:
 
     def worker_context(self) -> WorkerContext:
         c = self.config
-        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan)
+        tokenizer_json = prepared_corpus.tokenizer_path(c.output) if self.tokenizer is not None else None
+        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan, tokenizer_json)
+
+    def install_given(self) -> None:
+        """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
+        if self.tokenizer is not None:
+            with storage.atomic_file(prepared_corpus.tokenizer_path(self.config.output)) as f:
+                f.write(self.tokenizer.json_text)
+        if self.given_wordpiece is not None:
+            wordpiece_vocab.write_vocab(self.vocab_txt, self.given_wordpiece)
 
 
 def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
@@ -385,15 +431,22 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     check_config(config)
     files = documents.expand_inputs(config.inputs)
     check_output_apart(config, files)
-    given = wordpiece_vocab.load_vocab(config.wordpiece) if config.wordpiece is not None else None
-    units = load_unit_vocabularies(config.units)
-    scan = scan_corpus(files, config.progress)
+    tokenizer = hf_tokenizer.select(config.tokenizer, config.cased)
+    given_path = config.wordpiece if config.tokenizer is None else config.tokenizer
+    if tokenizer is not None:
+        given = tokenizer.tokens
+    else:
+        given = wordpiece_vocab.load_vocab(given_path) if given_path is not None else None
+    units = load_unit_vocabularies(config.units, tokenizer)
+    scan = scan_corpus(files, config.progress, config.text_field)
     if scan.documents == 0:
         raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
     is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)
     counts = shard_counts(config, scan, is_validation)
     wordpiece_id = ({"sha256": wordpiece_vocab.vocab_sha256(given)} if given is not None
                     else {"trained_size": config.wordpiece_size})
+    if tokenizer is not None:
+        wordpiece_id["tokenizer_sha256"] = tokenizer.sha256
     fingerprint = config_fingerprint(config, scan, wordpiece_id, units, counts)
 
     done = claim_output(config.output, fingerprint, config.overwrite)
@@ -404,7 +457,7 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     todo = [t for t in tasks if not is_done(config.output, t)]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
-    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo)
+    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo, tokenizer)
 
 
 def finish_prepare(plan: PreparePlan) -> dict:
@@ -413,6 +466,10 @@ def finish_prepare(plan: PreparePlan) -> dict:
     tokens = wordpiece_vocab.load_vocab(plan.vocab_txt)
     metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
+    if plan.tokenizer is not None:
+        metadata["tokenizer"] = {"path": prepared_corpus.TOKENIZER_FILE, "source": plan.tokenizer.source,
+                                 "model": plan.tokenizer.model, "sha256": plan.tokenizer.sha256,
+                                 "words_sha256": plan.tokenizer.words_sha256}
     write_json(prepared_corpus.metadata_path(output), metadata)
     close_run(output)
     return metadata
@@ -424,7 +481,10 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         plan = plan_prepare(config)
         if not isinstance(plan, PreparePlan):
             return plan
-        _install_wordpiece(config, plan.scan, plan.given_wordpiece)
+        if plan.given_wordpiece is not None:
+            plan.install_given()
+        else:
+            _install_wordpiece(config, plan.scan, None)
         _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
         return finish_prepare(plan)
 
@@ -446,6 +506,14 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
         for name in units:
             multiword[name] += stats["multiword_tokens"][name]
     content = sum(s["content_tokens"] for s in splits.values())
+    # Tokens per word (the paper's §2 and Table 1: 1.08 for its 30K vocabulary): WordPiece tokens
+    # over words of the basic tokenizer, punctuation included, over every split. Shards written by
+    # a version that did not count words leave it out.
+    counted = all("words" in shards[t.name] for t in tasks)
+    if counted:
+        for task in tasks:
+            splits[task.split]["words"] = splits[task.split].get("words", 0) + shards[task.name]["words"]
+    words = sum(s.get("words", 0) for s in splits.values())
     return {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
@@ -462,4 +530,5 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
         "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256,
                    "invalid_utf8_bytes": scan.invalid_utf8_bytes},
         "config_fingerprint": fingerprint,
+        **({"tokens_per_word": content / words} if counted and words else {}),
     }

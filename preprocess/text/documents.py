@@ -1,13 +1,24 @@
-"""Input documents (docs/design.md, "Words and n-grams"): text files with blank-line-separated documents, or JSON lines.
+"""Input documents (docs/design.md, "Words and n-grams"): the one reader of corpus files.
 
-Formats, chosen by file name (each optionally gzip-compressed, `.gz`):
-  *.jsonl, *.json   one JSON object per line; the document is its "text" field.
+`vocab build`, `corpus prepare` and both Beam pipelines read documents only through this module.
+Formats, chosen by file name:
+  *.jsonl, *.json   one JSON object per line; the document is its `text_field` ("text").
+  *.parquet         one document per row: the string column `text_field`.
+  *.arrow           one document per row, likewise: Arrow IPC, the stream format that Hugging
+                    Face `datasets`' `save_to_disk` writes (the random-access file format too).
   anything else     BERT pretraining text: documents separated by one or more blank lines,
                     the lines inside a document joined with a single space.
+JSON lines and text may be gzip-compressed (`.gz`). A directory written by `save_to_disk`
+(state.json beside the .arrow files) stands for its Arrow files in the order state.json lists;
+its json side files are not documents. A `DatasetDict` directory (dataset_dict.json) is refused:
+name the split, `DIR/train`, so that a test split never slips into pretraining. Empty and null
+rows are skipped, as blank documents are in text files.
+
 A few bytes that are not valid UTF-8 in real text are replaced with U+FFFD rather than failing
 the job (and counted: `tally_replacements`); a file whose bytes are mostly not UTF-8 (a binary
-file, another encoding) is refused, as are a `.gz` that is not gzip and a JSON line whose "text"
-is not a string: each a one-line UserInputError naming the file.
+file, another encoding) is refused, as are a `.gz` that is not gzip, a JSON line or a column whose
+text field is not a string, and a Parquet or Arrow file that does not parse: each a one-line
+UserInputError naming the file.
 """
 from __future__ import annotations
 
@@ -25,6 +36,8 @@ from pmi_jax.formats import text as plain_text
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
+DEFAULT_TEXT_FIELD = "text"
+_ROWS_PER_READ = 1024  # rows of a Parquet or Arrow file decoded at a time: bounded memory on any file
 _TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
 
 
@@ -51,8 +64,32 @@ def _is_json_lines(path: str) -> bool:
 def _files_under(directory: str) -> list[str]:
     found = []
     for root, _, names in gfile.walk(directory):
-        found.extend(f"{root.rstrip('/')}/{n}" for n in names if not n.startswith("."))
+        root = root.rstrip("/")
+        if "dataset_dict.json" in names:
+            splits = sorted(n for n in gfile.listdir(root) if gfile.isdir(f"{root}/{n}"))
+            raise UserInputError(f"--input {root}: a Hugging Face DatasetDict (splits: "
+                                 f"{', '.join(s.rstrip('/') for s in splits)}); give one split's directory, "
+                                 f"e.g. {root}/{splits[0].rstrip('/') if splits else 'train'}")
+        if "state.json" in names and any(n.endswith(".arrow") for n in names):
+            found.extend(_saved_dataset_files(root))
+        else:
+            found.extend(f"{root}/{n}" for n in names if not n.startswith("."))
     return sorted(found)
+
+
+def _saved_dataset_files(directory: str) -> list[str]:
+    """The Arrow files of a `datasets` save_to_disk directory, as its state.json lists them."""
+    path = f"{directory}/state.json"
+    try:
+        with gfile.GFile(path, "r") as f:
+            names = [entry["filename"] for entry in json.load(f)["_data_files"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserInputError(f"--input {path}: not the state.json of a saved Hugging Face dataset ({e})") from None
+    files = [f"{directory}/{name}" for name in names]
+    missing = [p for p in files if not gfile.exists(p)]
+    if missing:
+        raise UserInputError(f"--input {directory}: state.json lists {missing[0]}, which is missing")
+    return files
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -91,13 +128,23 @@ def check_output_apart(inputs: Sequence[str], files: Sequence[str], output: str)
 
 
 class _GFileReader(io.RawIOBase):
-    """tf.io.gfile.GFile as a standard raw stream, so io/gzip can layer on top of any URL."""
+    """tf.io.gfile.GFile as a standard raw stream, so io/gzip/pyarrow can layer on top of any URL."""
 
     def __init__(self, path: str):
         self._file = gfile.GFile(path, "rb")
 
     def readable(self) -> bool:
         return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._file.seek(offset, whence)
+        return self._file.tell()
+
+    def tell(self) -> int:
+        return self._file.tell()
 
     def readinto(self, buffer) -> int:
         data = self._file.read(len(buffer))
@@ -141,23 +188,95 @@ def _lines(path: str) -> Iterator[str]:
         tally[path] = tally.get(path, 0) + invalid
 
 
-def read_documents(path: str) -> Iterator[str]:
-    """Yield the non-empty documents of one file, in file order."""
-    lines = _lines(path)
-    if _is_json_lines(path):
-        for line_number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise UserInputError(f"{path}:{line_number}: not a JSON object with a 'text' field ({e})") from None
-            if not isinstance(text, str):
-                raise UserInputError(f"{path}:{line_number}: the 'text' field is {json.dumps(text)[:40]}, "
-                                     "not a string")
-            if text.strip():
-                yield text
+def _is_table(path: str) -> bool:
+    return path.endswith((".parquet", ".arrow"))
+
+
+@contextlib.contextmanager
+def _open_table_file(path: str):
+    """A local path as itself (pyarrow maps it), a URL as a seekable stream over tf.io.gfile."""
+    if "://" not in path:
+        yield path
         return
+    with io.BufferedReader(_GFileReader(path), buffer_size=1 << 20) as f:
+        yield f
+
+
+def _record_batches(path: str, source, text_field: str):
+    """Record batches of the column `text_field`, from a Parquet or Arrow IPC (stream or file) source."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        parquet = pq.ParquetFile(source)
+        _check_text_column(path, parquet.schema_arrow, text_field)
+        yield from parquet.iter_batches(batch_size=_ROWS_PER_READ, columns=[text_field])
+        return
+    try:
+        reader = pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:  # not the stream format: the random-access file format (Feather v2)?
+        if not isinstance(source, str):
+            source.seek(0)
+        reader = pa.ipc.open_file(source)
+        _check_text_column(path, reader.schema, text_field)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i).select([text_field])
+        return
+    _check_text_column(path, reader.schema, text_field)
+    for batch in reader:
+        yield batch.select([text_field])
+
+
+def _check_text_column(path: str, schema, text_field: str) -> None:
+    import pyarrow as pa
+
+    if text_field not in schema.names:
+        raise UserInputError(f"--input {path}: no column {text_field!r} (columns: {', '.join(schema.names)}); "
+                             "name the text column with --text-field")
+    kind = schema.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise UserInputError(f"--input {path}: column {text_field!r} holds {kind}, not strings")
+
+
+def _read_table(path: str, text_field: str) -> Iterator[str]:
+    """The non-empty strings of one column of a Parquet or Arrow file, in row order."""
+    import pyarrow as pa
+
+    kind = "Parquet" if path.endswith(".parquet") else "Arrow"
+    try:
+        with _open_table_file(path) as source:
+            for batch in _record_batches(path, source, text_field):
+                for text in batch.column(0).to_pylist():
+                    if text is not None and text.strip():
+                        yield text
+    except (pa.ArrowInvalid, OSError) as e:
+        raise UserInputError(f"--input {path}: not a readable {kind} file ({e})") from None
+
+
+def _read_json_lines(path: str, text_field: str) -> Iterator[str]:
+    for line_number, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)[text_field]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserInputError(f"{path}:{line_number}: not a JSON object with a {text_field!r} field ({e})") from None
+        if not isinstance(text, str):
+            raise UserInputError(f"{path}:{line_number}: the {text_field!r} field is {json.dumps(text)[:40]}, "
+                                 "not a string")
+        if text.strip():
+            yield text
+
+
+def read_documents(path: str, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Yield the non-empty documents of one file, in file order (`text_field`: JSON lines, Parquet, Arrow)."""
+    if _is_table(path):
+        yield from _read_table(path, text_field)
+        return
+    if _is_json_lines(path):
+        yield from _read_json_lines(path, text_field)
+        return
+    lines = _lines(path)
     paragraph: list[str] = []
     for line in lines:
         line = line.strip()
@@ -170,16 +289,17 @@ def read_documents(path: str) -> Iterator[str]:
         yield " ".join(paragraph)
 
 
-def iter_documents(files: Iterable[str]) -> Iterator[str]:
+def iter_documents(files: Iterable[str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
     for path in files:
-        yield from read_documents(path)
+        yield from read_documents(path, text_field)
 
 
-def iter_document_batches(files: Iterable[str], max_chars: int = 4_000_000) -> Iterator[list[str]]:
+def iter_document_batches(files: Iterable[str], max_chars: int = 4_000_000,
+                          text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[list[str]]:
     """Group documents into batches of about `max_chars` characters: the unit of parallel work."""
     batch: list[str] = []
     size = 0
-    for doc in iter_documents(files):
+    for doc in iter_documents(files, text_field):
         batch.append(doc)
         size += len(doc)
         if size >= max_chars:

@@ -40,6 +40,9 @@ class VocabOptions:
     workers: int = 0  # 0: every core
     memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
     tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
+    text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/text/documents.py)
+    tokenizer: str | None = None  # words as this tokenizer.json (or cased vocab.txt) splits them (hf_tokenizer)
+    cased: bool = False  # a --tokenizer vocab.txt is cased BERT
 
     def validated(self) -> "VocabOptions":
         """These options with defaults filled in; UserInputError naming the first bad option."""
@@ -81,6 +84,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     """
     from pmi_jax import storage
     from preprocess.vocab.coverage import covered_fraction
+    from preprocess.text import hf_tokenizer
     from preprocess.text.documents import check_output_apart, expand_inputs, tally_replacements
     from preprocess.vocab.ngram_counts import count_ngrams
     from preprocess.vocab.word_stream import tokenise_corpus
@@ -90,14 +94,18 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     storage.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
+    tokenizer = hf_tokenizer.select(options.tokenizer, options.cased)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
     with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
-        stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress)
+        stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress,
+                                 text_field=options.text_field, tokenizer=tokenizer)
         if stream.num_words == 0:
             raise UserInputError(
                 f"--input {' '.join(inputs)}: no words in {len(files)} file(s): {', '.join(files[:3])}")
         table = count_ngrams(stream, options.max_n, options.min_count, work_dir, options.workers, budget,
                              chunk_positions, progress)
+        if tokenizer is not None:
+            check_tokenizer_words(table.words, options.tokenizer)
         selection = select_ngrams(table, options)
         if not any(s.texts for s in selection.values()):
             raise UserInputError(f"--input {' '.join(inputs)}: no n-gram of 2 or more words occurs "
@@ -105,7 +113,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
         coverage = covered_fraction(stream, table, {n: s.index for n, s in selection.items()}, options.workers,
                                     chunk_positions, progress)
     stats = vocabulary_stats(files, table, selection, coverage, options, time.time() - started,
-                             sum(replaced.values()))
+                             sum(replaced.values()), tokenizer)
     vocab_lines, tsv_rows = vocabulary_text(table, selection)
     try:
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
@@ -237,10 +245,23 @@ def _score_chars(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return chars, starts, lengths
 
 
+def check_tokenizer_words(words: Sequence[bytes], source: str) -> None:
+    """Words go into masking_vocab.txt joined by spaces: a tokenizer whose frequent words (the
+    candidates' words) hold white space (a pre-tokenizer that keeps it) cannot give a masking vocabulary."""
+    import re
+
+    text = b"\0".join(words).decode("utf-8")
+    found = re.search(r"\s", text)
+    if found:
+        start, end = text.rfind("\0", 0, found.start()) + 1, text.find("\0", found.start())
+        raise UserInputError(f"--tokenizer {source}: its pre-tokenizer yields words with white space "
+                             f"({text[start:end if end >= 0 else None]!r}), which a masking vocabulary cannot list")
+
+
 def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, elapsed: float,
-                     invalid_utf8_bytes: int) -> dict:
+                     invalid_utf8_bytes: int, tokenizer=None) -> dict:
     lengths = range(1, options.max_n + 1)
-    return {
+    stats = {
         "documents": table.documents,
         "words": table.num_words,
         "distinct_words": table.counted[1],
@@ -263,3 +284,12 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "elapsed_seconds": round(elapsed, 3),
         "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/text/documents.py)
     }
+    if tokenizer is not None:  # absent: BERT's uncased words (preprocess/text/words.py)
+        stats["tokenizer"] = tokenizer_record(tokenizer)
+    return stats
+
+
+def tokenizer_record(tokenizer) -> dict:
+    """What stats.json says of the word splitting; `corpus prepare` matches `words_sha256`."""
+    return {"source": tokenizer.source, "model": tokenizer.model, "sha256": tokenizer.sha256,
+            "words_sha256": tokenizer.words_sha256}

@@ -57,13 +57,14 @@ def rank(score_C: np.ndarray, count_C: np.ndarray, word_order_CxN: np.ndarray) -
     return np.lexsort(packed[::-1] + [-count_C, -score_C])
 
 
-def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3) -> list[str]:
+def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3, normalisation: bool = True) -> list[str]:
     """Problems of a masking vocabulary, one line each; empty if it can be used as is.
 
     An entry is valid iff splitting its text into words (preprocess/text/words.py) gives back exactly
     its words: upper case, accents, or punctuation attached to a word mean the list was made in
     another normalisation and would never match the corpus. Lengths outside 2..5 and duplicate
-    entries are reported with their counts.
+    entries are reported with their counts. `normalisation=False` skips the word check, for words
+    of another tokenizer (preprocess/text/hf_tokenizer.py), which need not survive being re-split.
     """
     from preprocess.text.words import split_words
 
@@ -73,7 +74,7 @@ def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3) -> li
         if not MIN_N <= n <= MAX_N:
             problems.append(f"{lengths[n]} entries have {n} words (expected {MIN_N} to {MAX_N})")
     texts = [" ".join(ngram) for ngram in ngrams]
-    normalised = split_words(texts) if texts else []
+    normalised = split_words(texts) if texts and normalisation else [list(g) for g in ngrams]
     wrong = [(t, " ".join(words)) for t, ngram, words in zip(texts, ngrams, normalised) if list(ngram) != words]
     if wrong:
         examples = ", ".join(f"{t!r} (as words: {w!r})" for t, w in wrong[:max_examples])

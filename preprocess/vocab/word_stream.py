@@ -8,6 +8,7 @@ appearance, so they do not depend on the worker count. See docs/design.md, "Word
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Sequence
@@ -43,7 +44,7 @@ class CorpusStream:
 
 
 
-def _batch_word_ids(documents: list[str]):
+def _batch_word_ids(documents: list[str], tokenizer=None):
     """Words of a batch: (keys of its distinct words in order of first appearance, index of each
     word into them, words per document, the bytes of each distinct word's first occurrence as
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
@@ -51,7 +52,7 @@ def _batch_word_ids(documents: list[str]):
 
     from preprocess.text.words import split_words_spans
 
-    spans = split_words_spans(documents)
+    spans = split_words_spans(documents) if tokenizer is None else tokenizer.word_spans(documents)
     keys = word_keys(spans.buffer, spans.starts, spans.lengths)
     unique, inverse = (t.numpy() for t in tf.unique(keys, out_idx=tf.int32))
     # Distinct words are numbered in order of first appearance, so a word's first occurrence is
@@ -69,25 +70,27 @@ def _batch_word_ids(documents: list[str]):
 
 
 def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: int, progress: bool = False,
-                    batch_chars: int = 1_000_000) -> CorpusStream:
+                    batch_chars: int = 1_000_000, text_field: str = "text", tokenizer=None) -> CorpusStream:
     """Split every document of `files` into words and write the id stream to `work_dir`.
 
-    Words are split by `split_words_spans` and named by `word_keys`; should two different long
-    words ever share a key, the corpus is read again with words as strings throughout.
+    Words are split by `split_words_spans` (or by `tokenizer`, a preprocess.text.hf_tokenizer.HFTokenizer)
+    and named by `word_keys`; should two different long words ever share a key, the corpus is read
+    again with words as strings throughout.
     """
     try:
-        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars)
+        return _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field, tokenizer)
     except WordKeyCollision:
         logging.warning("two different words hash alike; reading the corpus again with exact string keys")
-        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars)
+        return _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars, text_field,
+                                           tokenizer)
 
 
 class _StreamWriter:
     """Appends batches of word ids to the id stream, with word counts and corpus sizes."""
 
-    def __init__(self, path: str, max_n: int, progress: bool):
+    def __init__(self, path: str | None, max_n: int, progress: bool):
         self.path, self.max_n = path, max_n
-        self.file = open(path, "wb")
+        self.file = open(path, "wb") if path is not None else None  # None: count only
         self.words: list[bytes] = [b""]
         self.counts = np.zeros([1024], np.int64)
         self.documents = self.length = 0
@@ -100,7 +103,8 @@ class _StreamWriter:
             grown[:len(self.counts)] = self.counts
             self.counts = grown
         self.counts[local_to_global] += np.bincount(inverse, minlength=len(local_to_global))
-        self.file.write(_with_separators(local_to_global[inverse], lengths).tobytes())
+        if self.file is not None:
+            self.file.write(_with_separators(local_to_global[inverse], lengths).tobytes())
         self.documents += len(lengths)
         self.length += len(inverse) + len(lengths)
         for k in range(1, self.max_n + 1):
@@ -108,21 +112,24 @@ class _StreamWriter:
         self.bar.update(len(inverse))
 
     def close(self) -> CorpusStream:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
         self.bar.close()
         return CorpusStream(path=self.path, length=self.length, words=self.words,
                             word_counts=self.counts[:len(self.words)], documents=self.documents,
                             num_words=self.num_positions[1], num_positions=self.num_positions)
 
 
-def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars) -> CorpusStream:
+def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text",
+                             tokenizer=None) -> CorpusStream:
     from preprocess.text.documents import iter_document_batches
 
-    writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
+    writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
     try:
         for unique, inverse, lengths, (buffer, starts, sizes) in ordered_map(
-                _batch_word_ids, iter_document_batches(files, batch_chars), workers):
+                functools.partial(_batch_word_ids, tokenizer=tokenizer),
+                iter_document_batches(files, batch_chars, text_field), workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(k, len(vocab) + 1) for k in unique.tolist()), np.int32,
                                           len(unique))
@@ -141,7 +148,8 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
     return stream
 
 
-def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars) -> CorpusStream:
+def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars,
+                                text_field="text", tokenizer=None) -> CorpusStream:
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
@@ -149,14 +157,15 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     from preprocess.text.words import split_words_flat
 
     def run(batch: list[str]):
-        words, row_splits = split_words_flat(batch)
+        words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
         unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
         return unique.numpy(), inverse.numpy(), np.diff(row_splits)
 
-    writer = _StreamWriter(os.path.join(work_dir, "ids.int32"), max_n, progress)
+    writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[bytes, int] = {}
     try:
-        for unique, inverse, lengths in ordered_map(run, iter_document_batches(files, batch_chars), workers):
+        batches = iter_document_batches(files, batch_chars, text_field)
+        for unique, inverse, lengths in ordered_map(run, batches, workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(w, len(vocab) + 1) for w in unique), np.int32,
                                           len(unique))
@@ -165,6 +174,18 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     finally:
         stream = writer.close()
     return stream
+
+
+def count_words(files: Sequence[str], workers: int, text_field: str = "text", progress: bool = False,
+                batch_chars: int = 1_000_000) -> dict[str, int]:
+    """{word: count} over the corpus, words as `preprocess.text.words` splits them, on `workers` threads.
+
+    The vocabulary build's reader without its id stream: memory grows with the distinct words,
+    not with the corpus. Equal to `preprocess.wordpiece.count_words` over the same documents
+    (tests/test_wordpiece.py), which runs the tokenizer in one thread.
+    """
+    stream = tokenise_corpus(files, None, 1, workers, progress, batch_chars, text_field)
+    return {w.decode("utf-8"): c for w, c in zip(stream.words[1:], stream.word_counts[1:].tolist())}
 
 
 def _with_separators(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
