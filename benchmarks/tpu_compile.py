@@ -40,6 +40,7 @@ TOGGLES = {
     "vocab_unpadded": ("model.vocab_multiple=1",),
     "cpu_variants": ("model.xla_cpu_variants=always",),
     "fused_attention": ("model.attention_dropout_rate=0.0",),
+    "embedding_sorted": ("model.embedding_grad=sorted",),
     "rbg": ("train.prng_impl=rbg",),
     "unsafe_rbg": ("train.prng_impl=unsafe_rbg",),
 }

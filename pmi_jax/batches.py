@@ -12,10 +12,12 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from pmi_jax import paths
-from pmi_jax.config import SYNTHETIC, ExperimentConfig  # noqa: F401 (SYNTHETIC: the data_dir of SyntheticBatches)
+from pmi_jax.config import (  # noqa: F401 (SYNTHETIC: the data_dir of SyntheticBatches)
+    MASK_RATE_UNIT, SYNTHETIC, ExperimentConfig, mask_rate_units)
 from pmi_jax.errors import UserInputError
 
 BATCH_KEYS = ("inputs", "targets", "weights", "input_mask")
+VALIDATION_SPLIT = "validation"
 
 
 class BatchSource(Protocol):
@@ -30,6 +32,13 @@ class BatchSource(Protocol):
     def batches(self, start_step: int, shard_index: int, num_shards: int) -> Iterator[dict[str, np.ndarray]]:
         ...
 
+    def validation_batches(self, count: int, batch_size: int, shard_index: int,
+                           num_shards: int) -> list[dict[str, np.ndarray]]:
+        """This host's rows of `count` fixed held-out batches of `batch_size` sequences (global),
+        the same on every call and for every run with the same data seed and corpus (validation
+        during training)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class CorpusInfo:
@@ -42,13 +51,17 @@ class CorpusInfo:
     units: tuple[str, ...]
 
 
-def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
-    """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
+def read_corpus_info(data_dir: str, scheme: str, split: str, validation: bool = False) -> CorpusInfo:
+    """Validate that the corpus can feed `scheme` on `split`, and on its validation split when
+    `validation` (pmi_jax.tasks does the checks)."""
     from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
 
     corpus = tasks.TaskCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
+    if validation and VALIDATION_SPLIT not in corpus.splits:
+        raise UserInputError(f"--data {data_dir}: no {VALIDATION_SPLIT} split to validate on during training "
+                             "(prepare the corpus with --validation-fraction above 0, or set train.eval_every_steps=0)")
     return CorpusInfo(data_dir=paths.absolute(data_dir), seq_len=corpus.seq_len,
                       vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
 
@@ -63,16 +76,41 @@ class TaskBatches:
     seq_len: int
     batch_size: int  # global
     seed: int
+    # The masking rate (DataConfig's fields of the same names) and the steps it is scheduled over.
+    mask_rate: float = 0.15
+    mask_rate_schedule: str = "constant"
+    mask_rate_end: float = 0.15
+    num_steps: int = 1
+    eval_mask_rate: float = 0.15
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> "TaskBatches":
+        data = config.data
+        return cls(data.data_dir, data.scheme, data.split, data.seq_len, config.train.batch_size, data.seed,
+                   data.mask_rate, data.mask_rate_schedule, data.mask_rate_end, config.train.num_steps,
+                   data.eval_mask_rate)
 
     def batches(self, start_step, shard_index, num_shards):
-        from pmi_jax import tasks
+        from pmi_jax import masking, tasks
         from pmi_jax.formats import prepared_corpus
 
+        rate = masking.MaskRate(self.mask_rate, self.mask_rate_end, self.mask_rate_schedule, self.num_steps)
         dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
-                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step)
+                                    self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step,
+                                    mask_rate=rate)
         with prepared_corpus.reading(self.data_dir):  # a shard whose bytes changed is named
             for batch in dataset.as_numpy_iterator():
                 yield {k: batch[k] for k in BATCH_KEYS}
+
+    def validation_batches(self, count, batch_size, shard_index, num_shards):
+        """The first `count` batches of the validation split in file order (no shuffling), masked
+        at `eval_mask_rate` with the data seed; past the split's end the next epoch's masks follow."""
+        from pmi_jax import masking, tasks
+
+        dataset = tasks.get_dataset(self.data_dir, self.scheme, VALIDATION_SPLIT, self.seq_len,
+                                    batch_size // num_shards, self.seed, shard_index, num_shards,
+                                    shuffle=False, mask_rate=masking.MaskRate(self.eval_mask_rate))
+        return [{k: batch[k] for k in BATCH_KEYS} for batch in dataset.take(count).as_numpy_iterator()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +120,10 @@ class SyntheticBatches:
     Each sequence draws its words uniformly from one of `num_topics` random sets of
     `topic_size` words. Without context a masked word is one of all the words; a model that
     reads the rest of the sequence narrows it to the topic, so the loss has somewhere to
-    fall: from log(words) towards log(topic_size). 15% of the words are selected,
-    80/10/10 [MASK]/random/unchanged, and a random tail of each sequence is padding. The
-    batch of a step is a function of (seed, step) only, generated globally, sliced per host.
+    fall: from log(words) towards log(topic_size). `mask_rate` of the words are selected
+    (15% by default; a constant rate), 80/10/10 [MASK]/random/unchanged, and a random tail of
+    each sequence is padding. The batch of a step is a function of (seed, step) only, generated
+    globally, sliced per host; validation batches come from a stream of their own.
     """
 
     vocab_size: int
@@ -98,13 +137,14 @@ class SyntheticBatches:
     sep_id: int = 3
     mask_id: int = 4
     first_word_id: int = 5
+    mask_rate: float = 0.15
 
-    def global_batch(self, step: int) -> dict[str, np.ndarray]:
+    def global_batch(self, step: int, stream: int = 1) -> dict[str, np.ndarray]:
         words = self.vocab_size - self.first_word_id
         topic_rng = np.random.default_rng([self.seed, 0])
         topics_TxS = np.stack([topic_rng.choice(words, self.topic_size, replace=False)
                                for _ in range(self.num_topics)])
-        rng = np.random.default_rng([self.seed, 1, step])
+        rng = np.random.default_rng([self.seed, stream, step])
         b, n = self.batch_size, self.seq_len
         topic_B = rng.integers(0, self.num_topics, size=b)
         tokens = topics_TxS[topic_B[:, None], rng.integers(0, self.topic_size, size=(b, n - 2))]
@@ -115,15 +155,15 @@ class SyntheticBatches:
         targets = np.where(real, targets, self.pad_id)
         targets[np.arange(b), lengths - 1] = self.sep_id
         maskable = real & (targets >= self.first_word_id)
-        # Each word is selected with probability 15%, within the masking budget of real
-        # pretraining (floor(15%) of the maskable tokens, pmi_jax.masking): the first
+        # Each word is selected with probability `mask_rate`, within the masking budget of real
+        # pretraining (floor(rate) of the maskable tokens, pmi_jax.masking): the first
         # selected words in a random order are kept, so no row exceeds max_predictions.
         draw = rng.random((b, n))
-        budget_B = np.maximum(1, (15 * maskable.sum(axis=1)) // 100)
+        budget_B = np.maximum(1, (mask_rate_units(self.mask_rate) * maskable.sum(axis=1)) // MASK_RATE_UNIT)
         order = np.argsort(np.where(maskable, draw, 2.0), axis=1, kind="stable")
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(b, 0), axis=1)
-        selected = maskable & (draw < 0.15) & (rank < budget_B[:, None])
+        selected = maskable & (draw < self.mask_rate) & (rank < budget_B[:, None])
         action = rng.random((b, n))
         random_ids = rng.integers(self.first_word_id, self.vocab_size, size=(b, n))
         inputs = np.where(selected & (action < 0.8), self.mask_id,
@@ -138,6 +178,11 @@ class SyntheticBatches:
             batch = self.global_batch(step)
             yield {k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in batch.items()}
             step += 1
+
+    def validation_batches(self, count, batch_size, shard_index, num_shards):
+        rows, held_out = batch_size // num_shards, dataclasses.replace(self, batch_size=batch_size)
+        return [{k: v[shard_index * rows:(shard_index + 1) * rows] for k, v in held_out.global_batch(i, 2).items()}
+                for i in range(count)]
 
 
 def configure_for_corpus(config: ExperimentConfig, corpus: CorpusInfo) -> ExperimentConfig:

@@ -53,6 +53,20 @@ def step_directories(workdir: str) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
 
 
+def drop_states(workdir: str) -> None:
+    """Delete every checkpoint's `state` item (parameters and optimizer state), keeping its metadata.
+
+    For a run directory that has to travel small, from a lent accelerator whose checkpoints
+    cannot come back: `pmi-jax compare` reads only the metadata (config, step, scheme) beside
+    the run's metrics and eval records; resuming or evaluating such a run is refused, as for
+    any checkpoint whose state does not restore.
+    """
+    for step in step_directories(workdir):
+        state = epath.Path(checkpoint_dir(workdir)) / str(step) / _ITEMS[0]
+        if state.exists():
+            state.rmtree()
+
+
 class Checkpointer:
     """Saves every `every_steps` (plus forced saves at the end and on SIGTERM), keeps `keep`."""
 

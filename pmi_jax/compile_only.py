@@ -198,7 +198,8 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
     tokens = config.train.batch_size * config.data.seq_len
-    formula = flops.training_flops_per_token(config.model, config.data.seq_len) * tokens / len(devices)
+    formula = (flops.training_flops_per_token(config.model, config.data.seq_len, config.data.highest_mask_rate)
+               * tokens / len(devices))
     loops = [what for what, on in (("model.scan_layers", config.model.scan_layers),
                                    ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
     loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "

@@ -28,8 +28,16 @@ SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi"
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
 SYNTHETIC = "synthetic"  # data.data_dir (--data) of the built-in toy corpus, pmi_jax.batches.SyntheticBatches
 REMAT_POLICIES = ("none", "full", "dots_saveable")
+# How the masking rate moves over training (docs/design.md, "Masking rate"): constant, or from
+# data.mask_rate to data.mask_rate_end over train.num_steps, linearly or along a half cosine.
+MASK_RATE_SCHEDULES = ("constant", "linear", "cosine")
+MASK_RATE = 0.15  # the paper's (and BERT's) share of the non-special tokens selected
+MASK_RATE_UNIT = 10_000  # rates are whole basis points, so every budget is integer arithmetic
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+EMBEDDING_GRADS = ("auto", "scatter", "sorted")
+GELUS = ("erf", "tanh")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -74,6 +82,23 @@ class ModelConfig:
     # compiled for CPUs only, "always", or "never" (the plain `jax.random.bernoulli` and
     # reduction everywhere). Compiled for a TPU they cost time and memory (docs/tpu.md).
     xla_cpu_variants: str = "cpu"
+    # Attention kernel when attention dropout is 0 (with dropout the scores, softmax and
+    # dropout are always written out): "cudnn" (cuDNN's fused flash attention, GPUs with
+    # bfloat16 only), "xla" (jax.nn.dot_product_attention's XLA path), or "auto": cudnn in
+    # programs compiled for GPUs where cuDNN applies, xla elsewhere (`pmi_jax.model.for_platform`).
+    attention: str = "auto"
+    # Gradient of the word-embedding lookup: "scatter" (XLA's scatter-add of every token's
+    # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),
+    # or "auto": sorted on GPUs, scatter elsewhere (benchmarks/README.md, "GPU").
+    embedding_grad: str = "auto"
+    # GELU form: "erf" (exact; transformers' BertModel, so exports give the same numbers) or
+    # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
+    # cheaper on some accelerators, but an exported model then computes slightly differently).
+    gelu: str = "erf"
+    # Query, key and value as one matmul against the three kernels concatenated ([D, 3 x D]);
+    # the parameters stay three, so checkpoints and exports are unchanged. XLA does not merge the
+    # three projections by itself on CPU or TPU (checked in the compiled HLO; benchmarks/README.md).
+    fused_qkv: bool = False
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -91,6 +116,21 @@ class ModelConfig:
         if self.max_predictions_per_seq < -1:
             raise UserInputError(f"model.max_predictions_per_seq={self.max_predictions_per_seq}: expected a "
                                  "positive count, 0 (derived from the length) or -1 (every position)")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise UserInputError(f"model.attention={self.attention!r}: expected one of "
+                                 f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        if self.attention == "cudnn" and self.attention_dropout_rate != 0.0:
+            raise UserInputError(f"model.attention=cudnn needs model.attention_dropout_rate=0 (got "
+                                 f"{self.attention_dropout_rate}): the fused kernel has no dropout that follows "
+                                 "the training step's key (docs/gpu.md)")
+        if self.attention == "cudnn" and self.dtype != "bfloat16":
+            raise UserInputError(f"model.attention=cudnn needs model.dtype=bfloat16 (got {self.dtype!r}): "
+                                 "cuDNN's fused attention takes 16-bit inputs only")
+        if self.embedding_grad not in EMBEDDING_GRADS:
+            raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
+                                 f"{', '.join(EMBEDDING_GRADS)}")
+        if self.gelu not in GELUS:
+            raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
         if self.remat not in REMAT_POLICIES:
             raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
 
@@ -102,20 +142,31 @@ class ModelConfig:
     def padded_vocab_size(self) -> int:
         return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
-    def predictions(self, seq_len: int) -> int:
-        """Positions per sequence the MLM head runs on (the whole length for the full head)."""
+    def predictions(self, seq_len: int, mask_rate: float = MASK_RATE) -> int:
+        """Positions per sequence the MLM head runs on (the whole length for the full head);
+        `mask_rate`: the highest masking rate the model will see (`DataConfig.highest_mask_rate`)."""
         if self.max_predictions_per_seq == -1:
             return seq_len
-        return min(seq_len, self.max_predictions_per_seq or max_predictions(seq_len))
+        return min(seq_len, self.max_predictions_per_seq or max_predictions(seq_len, mask_rate))
 
 
-def max_predictions(seq_len: int) -> int:
-    """BERT's max_predictions_per_seq for a length: 15% rounded up to a multiple of 4 (20 for 128, 80 for 512).
+def max_predictions(seq_len: int, mask_rate: float = MASK_RATE) -> int:
+    """BERT's max_predictions_per_seq for a length: the rate's share rounded up to a multiple of 4
+    (at 15%: 20 for 128, 80 for 512; at 30%: 40 for 128, 156 for 512).
 
-    The masking budget is floor(15%) of the non-special tokens (`pmi_jax.masking`), so it
+    The masking budget is floor(rate x the non-special tokens) (`pmi_jax.masking`), so it
     never exceeds this; the trainer checks every batch and stops with an error if it did.
     """
-    return -(-round(0.15 * seq_len) // 4) * 4
+    return -(-max(1, round(mask_rate * seq_len)) // 4) * 4
+
+
+def mask_rate_units(rate: float, name: str = "data.mask_rate") -> int:
+    """A masking rate in basis points (0.15 -> 1500); UserInputError unless it is a whole number
+    of basis points in (0, 1]."""
+    units = round(rate * MASK_RATE_UNIT)
+    if not 0 < rate <= 1 or abs(rate * MASK_RATE_UNIT - units) > 1e-6:
+        raise UserInputError(f"{name}={rate}: expected a share in (0, 1] with at most 4 decimals, e.g. 0.15")
+    return units
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +181,31 @@ class DataConfig:
     split: str = "train"
     seq_len: int = 0
     seed: int = 0  # masking and shuffling; independent of train.seed
+    # The share of each sequence's non-special tokens selected for the loss (the budget is
+    # floor(rate x tokens), `pmi_jax.masking.masking_budget`). With a linear or cosine
+    # schedule it is the rate of step 0, and the rate moves to `mask_rate_end` at
+    # train.num_steps (Ankner et al. 2023: 0.3 -> 0.15); a constant rate ignores `mask_rate_end`.
+    mask_rate: float = MASK_RATE
+    mask_rate_schedule: str = "constant"
+    mask_rate_end: float = MASK_RATE
+    # The fixed rate of validation during training, whatever the training rate, so that runs
+    # trained at different rates are measured on the same task.
+    eval_mask_rate: float = MASK_RATE
 
     def __post_init__(self):
         check_scheme(self.scheme, "data.scheme")
+        mask_rate_units(self.mask_rate)
+        mask_rate_units(self.eval_mask_rate, "data.eval_mask_rate")
+        if self.mask_rate_schedule not in MASK_RATE_SCHEDULES:
+            raise UserInputError(f"data.mask_rate_schedule={self.mask_rate_schedule!r}: expected one of "
+                                 f"{', '.join(MASK_RATE_SCHEDULES)}")
+        mask_rate_units(self.mask_rate_end, "data.mask_rate_end")
+
+    @property
+    def highest_mask_rate(self) -> float:
+        """The most any batch is masked, training or validation: what the MLM head must gather."""
+        end = self.mask_rate if self.mask_rate_schedule == "constant" else self.mask_rate_end
+        return max(self.mask_rate, end, self.eval_mask_rate)
 
 
 def check_scheme(scheme: str, source: str) -> None:
@@ -194,6 +267,11 @@ class TrainConfig:
     num_steps: int = 1_000_000
     seed: int = 0  # parameter init and dropout; the data has its own seed
     log_every_steps: int = 100
+    # Validation during training: every `eval_every_steps` (and at the last step) the MLM loss
+    # and accuracy on `eval_batches` fixed batches of the corpus's validation split, masked
+    # once at data.eval_mask_rate with data.seed. 0 turns it off.
+    eval_every_steps: int = 1000
+    eval_batches: int = 20
     peak_flops: float = 0.0  # per device; 0 = look up the device kind
     # JAX PRNG implementation of parameter init and dropout: threefry (the same numbers on
     # every backend and mesh), rbg (XLA's RngBitGenerator: fast on TPU, the same on every

@@ -69,11 +69,15 @@ def resolve_run(spec: RunSpec) -> ResolvedRun:
     if config.data.data_dir == SYNTHETIC:
         if not (config.model.vocab_size and config.data.seq_len):
             raise UserInputError(f"--data {SYNTHETIC} needs model.vocab_size and data.seq_len set (via --set)")
+        if config.data.mask_rate_schedule != "constant":
+            raise UserInputError(f"--data {SYNTHETIC} masks at a constant rate: data.mask_rate_schedule="
+                                 f"{config.data.mask_rate_schedule} needs a prepared corpus")
         corpus = None
         source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size,
-                                          seed=config.data.seed)
+                                          seed=config.data.seed, mask_rate=config.data.mask_rate)
     else:
-        corpus = batches.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split)
+        corpus = batches.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split,
+                                          validation=config.train.eval_every_steps > 0)
         if pretrained is not None:
             from pmi_jax import huggingface
             from pmi_jax.formats import prepared_corpus
@@ -81,8 +85,7 @@ def resolve_run(spec: RunSpec) -> ResolvedRun:
             huggingface.check_corpus_vocabulary_is_pretrained(pretrained,
                                                               prepared_corpus.vocab_path(config.data.data_dir))
         config = batches.configure_for_corpus(config, corpus)
-        source = batches.TaskBatches(config.data.data_dir, config.data.scheme, config.data.split,
-                                     config.data.seq_len, config.train.batch_size, config.data.seed)
+        source = batches.TaskBatches.from_config(config)
     return ResolvedRun(config, source, corpus, pretrained)
 
 
@@ -110,8 +113,9 @@ def initialize_distributed(distributed: Distributed) -> None:
         logging.info("single process (jax.distributed not initialised: %s)", str(e).splitlines()[0])
 
 
-def pretrain(spec: RunSpec, workdir: str, distributed: Distributed = Distributed()):
+def pretrain(spec: RunSpec, workdir: str, distributed: Distributed = Distributed(), progress: bool = False):
     """Resolve the run, join the job, train (resuming from `workdir`): a `train.RunResult`.
+    `progress`: draw the progress line on stderr (`pmi_jax.progress`).
 
     Raises `train.NonFiniteLoss` on a NaN/inf loss, UserInputError for bad input (before
     anything is written)."""
@@ -124,4 +128,5 @@ def pretrain(spec: RunSpec, workdir: str, distributed: Distributed = Distributed
         from pmi_jax import huggingface
 
         initial_params = huggingface.initial_params(run.pretrained, run.config.model)
-    return train.train(run.config, paths.absolute(workdir), run.source, run.corpus, initial_params=initial_params)
+    return train.train(run.config, paths.absolute(workdir), run.source, run.corpus, initial_params=initial_params,
+                       progress=progress)

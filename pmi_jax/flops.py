@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from pmi_jax.config import ModelConfig
+from pmi_jax.config import MASK_RATE, ModelConfig
 
 # Dense bf16 peak per chip/GPU, FLOP/s, from the vendors' data sheets.
 # Matched in order against jax's `device_kind` (lower-cased).
@@ -47,10 +47,11 @@ PEAK_BF16_FLOPS = (
 )
 
 
-def training_flops_per_token(config: ModelConfig, seq_len: int) -> float:
-    """Matmul FLOPs of forward + backward per token; see the module docstring."""
+def training_flops_per_token(config: ModelConfig, seq_len: int, mask_rate: float = MASK_RATE) -> float:
+    """Matmul FLOPs of forward + backward per token; see the module docstring. `mask_rate`: the
+    highest masking rate of the run, which sets how many positions the head gathers."""
     d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers
-    head_share = config.predictions(seq_len) / seq_len
+    head_share = config.predictions(seq_len, mask_rate) / seq_len
     return 6.0 * (n * (4 * d * d + 2 * d * f) + (d * d + d * v) * head_share) + 12.0 * n * seq_len * d
 
 

@@ -216,15 +216,15 @@ def from_transformers(tensors: Mapping[str, np.ndarray], config: ModelConfig, ab
 # ----------------------------------------------------------------------------------------
 
 
-def hidden_act() -> str:
-    """transformers' name of the GELU that `pmi_jax.model` computes, measured on a few points."""
+def hidden_act(gelu: str = "erf") -> str:
+    """transformers' name of the GELU that `pmi_jax.model` computes with `model.gelu`, measured on a few points."""
     import jax
     import jax.numpy as jnp
 
     from pmi_jax import model
 
     x = jnp.linspace(-4.0, 4.0, 33)
-    y = model._gelu(x)  # the one GELU of the encoder's feed-forward blocks and the MLM head
+    y = model._gelu(gelu, x)  # the one GELU of the encoder's feed-forward blocks and the MLM head
     for form, approximate in (("erf", False), ("tanh", True)):
         if bool(jnp.allclose(y, jax.nn.gelu(x, approximate=approximate), rtol=0, atol=1e-6)):
             return _GELU_NAMES[form][0]
@@ -236,7 +236,7 @@ def transformers_config(config: ModelConfig, vocab_size: int, pad_id: int) -> di
     return {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": vocab_size,
             "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
             "num_attention_heads": config.num_heads, "intermediate_size": config.intermediate_size,
-            "hidden_act": hidden_act(), "hidden_dropout_prob": config.dropout_rate,
+            "hidden_act": hidden_act(config.gelu), "hidden_dropout_prob": config.dropout_rate,
             "attention_probs_dropout_prob": config.attention_dropout_rate,
             "max_position_embeddings": config.max_position_embeddings, "type_vocab_size": config.type_vocab_size,
             "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
@@ -259,9 +259,10 @@ def model_fields(hf_config: dict, source: str) -> dict:
     if hf_config.get("model_type", "bert") != "bert":
         raise UserInputError(f"{source}: model_type {hf_config['model_type']!r}; only BERT checkpoints load")
     act = hf_config.get("hidden_act", "gelu")
-    ours = hidden_act()
-    if act not in next(names for names in _GELU_NAMES.values() if ours in names):
-        raise UserInputError(f"{source}: hidden_act {act!r}, but this model computes {ours!r}")
+    forms = [form for form, names in _GELU_NAMES.items() if act in names and hidden_act(form) in names]
+    if not forms:
+        raise UserInputError(f"{source}: hidden_act {act!r}, but this model computes only "
+                             f"{', '.join(sorted({n for names in _GELU_NAMES.values() for n in names}))}")
     for key, expected in (("position_embedding_type", "absolute"), ("is_decoder", False),
                           ("add_cross_attention", False), ("tie_word_embeddings", True)):
         if hf_config.get(key, expected) != expected:
@@ -271,6 +272,7 @@ def model_fields(hf_config: dict, source: str) -> dict:
         if key not in hf_config and default is None:
             raise UserInputError(f"{source}: no {key!r}")
         fields[field] = _checked_value(hf_config.get(key, default), key, default, source)
+    fields["gelu"] = forms[0]
     return fields
 
 
@@ -356,7 +358,7 @@ def model_card(*, config: ModelConfig, metadata: CheckpointMetadata, corpus: dic
               f"{config.intermediate_size} |",
               f"| max positions, token types | {config.max_position_embeddings}, {config.type_vocab_size} |",
               f"| dropout (hidden, attention) | {config.dropout_rate}, {config.attention_dropout_rate} |",
-              f"| LayerNorm eps, activation | {config.layer_norm_eps}, {hidden_act()} |",
+              f"| LayerNorm eps, activation | {config.layer_norm_eps}, {hidden_act(config.gelu)} |",
               f"| training compute dtype | {config.dtype} |", "",
               "## Evaluation", ""]
     if perplexity:

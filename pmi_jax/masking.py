@@ -1,4 +1,4 @@
-"""In-graph masking: pick masking units covering 15% of a sequence, corrupt them.
+"""In-graph masking: pick masking units covering a share (15% by default) of a sequence, corrupt them.
 
 The contract: docs/design.md, "Masking schemes" and "Determinism".
 
@@ -19,8 +19,10 @@ Masking takes three steps:
               (`span_units`), and the PMI family frequency / naive_pmi / pmi (the prepared
               `units_<name>` feature).
   2. select   `select_units`: units in a uniformly random order, each taken if it still fits
-              the budget of floor(15% of the non-special tokens) (at least 1) and skipped if
-              it would overflow it, so the budget is never exceeded.
+              the budget of floor(rate x the non-special tokens) (at least 1; rate 15% unless
+              data.mask_rate says otherwise, and per row: a rate schedule gives each example
+              its step's rate, `MaskRate`) and skipped if it would overflow it, so the budget
+              is never exceeded.
   3. corrupt  one draw u ~ U(0, 1) per selected unit: u < 0.8 -> every token [MASK];
               u < 0.9 -> every token an independent uniformly random non-special id; else
               unchanged. Every selected token gets weight 1 whatever its fate.
@@ -37,13 +39,15 @@ from typing import Mapping
 
 import tensorflow as tf
 
-from pmi_jax.config import SCHEMES, UNIT_SCHEMES  # the scheme names, defined once
+import dataclasses
+import math
+
+from pmi_jax.config import MASK_RATE, MASK_RATE_UNIT, SCHEMES, UNIT_SCHEMES, mask_rate_units
 from pmi_jax.randomness import Stream, random_below, random_uniform
 
 # Schemes whose units come from the prepared corpus, and the unit feature each one reads.
 PREPARED_UNIT_FEATURES = {scheme: f"units_{scheme}" for scheme in UNIT_SCHEMES}
 
-MASK_PERCENT = 15
 MASK_SHARE = 0.8
 RANDOM_SHARE = 0.1
 SPAN_P = 0.2
@@ -53,18 +57,70 @@ SPAN_MAX_WORDS = 10
 _UNSELECTED, _MASKED, _RANDOMISED, _KEPT = range(4)
 
 
-def masking_budget(num_tokens: tf.Tensor | int) -> tf.Tensor | int:
-    """floor(15% of `num_tokens`), at least 1 (a Python int in, a Python int out).
+def masking_budget(num_tokens: tf.Tensor | int, rate_units: tf.Tensor | int = 1500) -> tf.Tensor | int:
+    """floor(rate x `num_tokens`), at least 1, with the rate in basis points (`rate_units`: 1500 is
+    15%; a Python int in, a Python int out; tensors per row).
 
     Floor rather than BERT's round: with round, 15% of 510 tokens (76.5) becomes 77 and the
-    masked share could exceed 15%; floor keeps it at or under 15% for every sequence holding at
-    least 7 tokens (below that the one-token minimum wins). Integer arithmetic, so the budget
-    never depends on float rounding.
+    masked share could exceed 15%; floor keeps it at or under the rate for every sequence long
+    enough that the one-token minimum does not win (7 tokens at 15%). Integer arithmetic (a
+    product below 2^31 for sequences up to 65,535 tokens), so the budget never depends on
+    float rounding.
     """
-    if isinstance(num_tokens, int):
-        return max(1, MASK_PERCENT * num_tokens // 100)
+    if isinstance(num_tokens, int) and isinstance(rate_units, int):
+        return max(1, rate_units * num_tokens // MASK_RATE_UNIT)
     num_tokens = tf.cast(num_tokens, tf.int32)
-    return tf.maximum(1, MASK_PERCENT * num_tokens // 100)
+    return tf.maximum(1, tf.cast(rate_units, tf.int32) * num_tokens // MASK_RATE_UNIT)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskRate:
+    """The masking rate of each example, from the step of the batch it lands in.
+
+    constant: `start` at every step. linear: start + (end - start) * min(s, num_steps) / num_steps.
+    cosine: end + (start - end) * (1 + cos(pi * min(s, num_steps) / num_steps)) / 2, flat at both
+    ends. Ankner et al. (2023, "Dynamic Masking Rate Schedules for MLM Pretraining") decay
+    30% -> 15% linearly over training; the cosine shape is ours, as is rounding each step's rate
+    to the nearest basis point (so budgets stay integer arithmetic).
+
+    The step of an example is `first_step + index // examples_per_step`, with `index` its
+    place in this host's stream from the start of the run's reading; `pmi_jax.tasks` supplies
+    it. A mask is thus a function of (seed, shard, position, epoch) and the step.
+    """
+
+    start: float = MASK_RATE
+    end: float = MASK_RATE  # unused when constant
+    schedule: str = "constant"
+    num_steps: int = 1
+    examples_per_step: int = 1  # this host's batch size
+
+    def __post_init__(self):
+        mask_rate_units(self.start)
+        if self.schedule != "constant":
+            mask_rate_units(self.end, "data.mask_rate_end")
+            if self.num_steps < 1 or self.examples_per_step < 1:
+                raise ValueError(f"{self}: num_steps and examples_per_step must be positive")
+
+    @property
+    def highest(self) -> float:
+        return self.start if self.schedule == "constant" else max(self.start, self.end)
+
+    def units_at(self, step_B: tf.Tensor) -> tf.Tensor:
+        """int32 [B]: the rate in basis points at each step (int64 steps)."""
+        start = mask_rate_units(self.start)
+        if self.schedule == "constant":
+            return tf.fill(tf.shape(step_B), start)
+        end = mask_rate_units(self.end, "data.mask_rate_end")
+        done_B = tf.cast(tf.minimum(tf.cast(step_B, tf.int64), self.num_steps), tf.float64) / self.num_steps
+        if self.schedule == "linear":
+            rate_B = start + (end - start) * done_B
+        else:
+            rate_B = end + (start - end) * 0.5 * (1.0 + tf.cos(math.pi * done_B))
+        return tf.cast(tf.round(rate_B), tf.int32)
+
+    def rate_at(self, step: int) -> float:
+        """The rate at one step, as a share (for logs and tests)."""
+        return int(self.units_at(tf.constant([step], tf.int64))[0]) / MASK_RATE_UNIT
 
 
 def _segment(values_BxL: tf.Tensor, ids_BxL: tf.Tensor, op) -> tf.Tensor:
@@ -258,7 +314,8 @@ def _unit_slots(unit_ids_BxL: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def _token_codes(unit_ids_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor, window: int | None) -> tf.Tensor:
     """int32 [B, L]: each token's `_unit_codes` code, the fate of its unit (`_UNSELECTED` for
-    tokens in no unit). window: draws per step, by default one more than the largest budget."""
+    tokens in no unit). window: draws per step, by default one more than the largest budget at
+    15% (any window gives the same codes, `_unit_codes`)."""
     index_BxL, sizes_BxU = _unit_slots(unit_ids_BxL)
     code_BxU = _unit_codes(sizes_BxU, budget_B, key_Bx2, window or masking_budget(unit_ids_BxL.shape[1]) + 1)
     return tf.gather(tf.reshape(code_BxU, [-1]), index_BxL)
@@ -282,16 +339,19 @@ def _mask_units(
     key_Bx2: tf.Tensor,
     regular_ids_V: tf.Tensor,
     mask_id: tf.Tensor,
+    rate_units_B: tf.Tensor,
+    window: int,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """(corrupted ids, weights) [B, L]: select units and corrupt them (`_unit_codes`); the
-    weights are 1.0 on the selected tokens, 0.0 elsewhere.
+    weights are 1.0 on the selected tokens, 0.0 elsewhere. `rate_units_B`: each row's rate in
+    basis points.
 
     Each token of a randomly replaced unit draws its own id from `regular_ids_V` (the
     `REPLACEMENT_IDS` stream, by position).
     """
     length = input_ids_BxL.shape[1]
-    budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1))
-    code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, None)
+    budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1), rate_units_B)
+    code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, window)
     draw_BxL = random_below(key_Bx2, Stream.REPLACEMENT_IDS, length, int(regular_ids_V.shape[0]))
     corrupted_BxL = tf.where(code_BxL == _RANDOMISED, tf.gather(regular_ids_V, draw_BxL), input_ids_BxL)
     corrupted_BxL = tf.where(code_BxL == _MASKED, mask_id, corrupted_BxL)
@@ -299,16 +359,16 @@ def _mask_units(
 
 
 @functools.cache
-def _compiled_mask_units(length: int, vocab: int):
+def _compiled_mask_units(length: int, vocab: int, window: int):
     """`_mask_units` for [B, length] batches, compiled by XLA (once per batch size B, ~1-2 s).
 
-    Traced once per (length, vocab): the batch size stays open, so a final partial batch
-    costs one more compilation, not a retrace warning.
+    Traced once per (length, vocab, window): the batch size stays open, so a final partial
+    batch costs one more compilation, not a retrace warning.
     """
     ids = tf.TensorSpec([None, length], tf.int32)
-    return tf.function(_mask_units, jit_compile=True, input_signature=[
+    return tf.function(functools.partial(_mask_units, window=window), jit_compile=True, input_signature=[
         ids, ids, ids, tf.TensorSpec([None, 2], tf.uint32), tf.TensorSpec([vocab], tf.int32),
-        tf.TensorSpec([], tf.int32),
+        tf.TensorSpec([], tf.int32), tf.TensorSpec([None], tf.int32),
     ])
 
 
@@ -319,20 +379,28 @@ def mask_batch(
     *,
     mask_id: int,
     regular_ids_V: tf.Tensor,
+    rate_units_B: tf.Tensor | None = None,
+    highest_rate: float = MASK_RATE,
 ) -> dict[str, tf.Tensor]:
     """Mask a batch of prepared sequences (padded to a static length L) under `scheme`.
 
     `features` holds `input_ids` (0 on padding), `word_ids` and, for the PMI family, the
     scheme's `units_<name>` (-1 on special tokens and padding), all [B, L]; `key_Bx2` are
-    the rows' keys (`randomness.example_keys`). Returns `inputs` (int32, corrupted), `targets` (int32,
+    the rows' keys (`randomness.example_keys`); `rate_units_B` each row's masking rate in basis
+    points (`MaskRate.units_at`; default 15%), at most `highest_rate`. Returns `inputs` (int32, corrupted), `targets` (int32,
     original), `weights` (float32, 1 on every selected token, 0 elsewhere) and `units`
     (int32, the scheme's unit index per token, -1 on special tokens and padding), [B, L].
     """
     input_ids = tf.cast(features["input_ids"], tf.int32)
+    length = int(input_ids.shape[1])
+    if rate_units_B is None:
+        rate_units_B = tf.fill(tf.shape(input_ids)[:1], mask_rate_units(MASK_RATE))
     unit_ids = scheme_units(scheme, features, key_Bx2)
-    mask_units = _compiled_mask_units(int(input_ids.shape[1]), int(regular_ids_V.shape[0]))
+    # One more draw than the largest budget at the highest rate: one window settles most rows.
+    window = masking_budget(length, mask_rate_units(highest_rate)) + 1
+    mask_units = _compiled_mask_units(length, int(regular_ids_V.shape[0]), window)
     corrupted, weights = mask_units(
         input_ids, unit_ids, tf.cast(features["word_ids"], tf.int32), tf.cast(key_Bx2, tf.uint32),
-        tf.cast(regular_ids_V, tf.int32), tf.constant(mask_id, tf.int32),
+        tf.cast(regular_ids_V, tf.int32), tf.constant(mask_id, tf.int32), tf.cast(rate_units_B, tf.int32),
     )
     return {"inputs": corrupted, "targets": input_ids, "weights": weights, "units": unit_ids}

@@ -28,17 +28,17 @@ def masked_positions(weights_BxL, num: int):
 
 def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: int) -> None:
     """UserInputError if a sequence has more masked positions than the MLM head gathers."""
-    limit = config.model.predictions(config.data.seq_len)
+    limit = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
     most = int(np.max(np.count_nonzero(weights_BxL, axis=1), initial=0))
     if most > limit:
         raise UserInputError(
             f"the batch of step {step} has a sequence with {most} masked positions, more than the MLM head's "
             f"{limit} (model.max_predictions_per_seq={config.model.max_predictions_per_seq}); the masking budget "
-            "is floor(15%) of the tokens, so this data was masked otherwise: raise model.max_predictions_per_seq "
-            "or set it to -1 (every position)")
+            f"is floor({config.data.highest_mask_rate:g}) of the tokens, so this data was masked otherwise: raise "
+            "model.max_predictions_per_seq or set it to -1 (every position)")
 
 
-def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
+def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool, num_predictions: int | None = None):
     """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
 
     The MLM head runs on the masked positions only, gathered (`masked_positions`), unless the
@@ -48,9 +48,10 @@ def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool):
     exactly the full-batch means and no pass over the gradients is needed to normalise them.
     Accuracy compares the target's logit with the maximum over the vocabulary, both of which
     the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
+    `num_predictions`: positions gathered per sequence (default: the model config's at 15%).
     """
     targets_BxL, weights_BxL = batch["targets"], batch["weights"]
-    num = model.config.predictions(targets_BxL.shape[1])
+    num = num_predictions or model.config.predictions(targets_BxL.shape[1])
     positions_BxP = None
     if num < targets_BxL.shape[1]:
         positions_BxP, weights_BxL = masked_positions(weights_BxL, num)

@@ -21,6 +21,11 @@ Layers run either as a Python loop (`encoder/layer_<i>` parameters, BERT's layou
 rematerialised; `stack_layers`/`unstack_layers` convert between the two layouts. The
 vocabulary is padded to `vocab_multiple` rows; the padded ids' logits are -inf.
 
+Some kernels depend on the platform the program is compiled for, with the same values and
+parameters everywhere: the attention without attention dropout (cuDNN's fused kernel on GPUs,
+XLA's elsewhere), the word-embedding gradient (sorted segment sum or scatter-add) and two
+XLA:CPU rewrites. `for_platform` settles them; docs/gpu.md has the table.
+
 Every parameter carries logical axis names (vocab, embed, heads, kv, mlp, position,
 token_type) and activations are constrained by (batch, length, embed, ...); the mapping to
 mesh axes is a config choice (`pmi_jax.partitioning`). Outside a mesh-rules context the
@@ -31,6 +36,7 @@ Shape suffixes: B batch, L length, D hidden, H heads, K head dim, F feed-forward
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -74,8 +80,9 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
                         scale_init=_ones("embed"), bias_init=_zeros("embed"), name=name)
 
 
-def _gelu(x):
-    return nn.gelu(x, approximate=False)  # the erf GELU of transformers' BERT (module docstring: why)
+def _gelu(form: str, x):
+    # "erf" by default: the GELU of transformers' BERT (module docstring: why); "tanh" as an option.
+    return nn.gelu(x, approximate=form == "tanh")
 
 
 def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
@@ -162,24 +169,83 @@ def _add_output_bias_bwd(_, g_BxLxV):
 _add_output_bias.defvjp(_add_output_bias_fwd, _add_output_bias_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _lookup_sorted_grad(table_VxD, ids_N, dtype):
+    """table[ids] in `dtype`, whose table gradient is a sorted segment sum instead of a scatter-add.
+
+    XLA's gradient of a gather is a scatter-add of every token's row into a [V, D] buffer: on a
+    GPU one atomic add per element, serialised where tokens repeat ([CLS], [SEP], common words).
+    Sorting the ids first turns it into a segment sum over runs of equal ids. The sum is taken
+    in float32 (the parameters' dtype) whatever the compute dtype, so bf16 gradients of a
+    frequent token are not summed in bf16.
+    """
+    return table_VxD[ids_N].astype(dtype)
+
+
+def _lookup_sorted_grad_fwd(table_VxD, ids_N, dtype):
+    # The residuals: the ids, and an empty [V, 0] array that carries the table's rows and dtype.
+    return _lookup_sorted_grad(table_VxD, ids_N, dtype), (ids_N, jnp.zeros((table_VxD.shape[0], 0), table_VxD.dtype))
+
+
+def _lookup_sorted_grad_bwd(dtype, residuals, g_NxD):
+    ids_N, rows_Vx0 = residuals
+    order_N = jnp.argsort(ids_N)
+    grad_VxD = jax.ops.segment_sum(g_NxD[order_N].astype(rows_Vx0.dtype), ids_N[order_N],
+                                   num_segments=rows_Vx0.shape[0], indices_are_sorted=True)
+    return grad_VxD, None
+
+
+_lookup_sorted_grad.defvjp(_lookup_sorted_grad_fwd, _lookup_sorted_grad_bwd)
+
+
 def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
-    """`config` with `xla_cpu_variants="cpu"` settled for a program compiled for `platform`.
+    """`config` with its platform-dependent choices settled for a program compiled for `platform`.
 
     The trainer calls this with its mesh's platform, which is not the default backend when
-    it compiles for a TPU slice on a CPU-only machine (`pmi_jax.compile_only`). Compiled for
-    a v5p-8, BERT-base's step with the CPU variants needed 2.9 GiB more per chip and an
-    estimated 17% more time than with the plain versions (benchmarks/README.md, "tpu compile").
+    it compiles for a TPU slice on a CPU-only machine (`pmi_jax.compile_only`). Settled here:
+    - `xla_cpu_variants="cpu"`: the XLA:CPU rewrites on CPU only. Compiled for a v5p-8,
+      BERT-base's step with them needed 2.9 GiB more per chip and an estimated 17% more time
+      (benchmarks/README.md, "tpu compile").
+    - `attention="auto"`: cuDNN's fused attention where it applies (`cudnn_attention_applies`),
+      jax.nn.dot_product_attention's XLA path elsewhere.
+    - `embedding_grad="auto"`: the sorted segment sum on GPUs, where the scatter's atomics cost
+      14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
+    Explicit choices are kept.
     """
-    if config.xla_cpu_variants != "cpu":
-        return config
-    return dataclasses.replace(config, xla_cpu_variants="always" if platform == "cpu" else "never")
+    changes = {}
+    if config.xla_cpu_variants == "cpu":
+        changes["xla_cpu_variants"] = "always" if platform == "cpu" else "never"
+    if config.attention == "auto":
+        changes["attention"] = "cudnn" if cudnn_attention_applies(config, platform) else "xla"
+    if config.embedding_grad == "auto":
+        changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def cudnn_attention_applies(config: ModelConfig, platform: str) -> bool:
+    """Whether `attention="auto"` takes cuDNN's fused attention in a program for `platform`.
+
+    Only without attention dropout (the fused kernel's dropout takes a static seed: docs/gpu.md),
+    on NVIDIA GPUs, with bf16 inputs and a head dimension cuDNN's flash attention takes (a
+    multiple of 8, at most 128; BERT's is 64).
+    """
+    return (platform in ("gpu", "cuda") and config.attention_dropout_rate == 0.0 and config.dtype == "bfloat16"
+            and config.head_dim % 8 == 0 and config.head_dim <= 128)
+
+
+def attention_implementation(config: ModelConfig) -> str:
+    """`jax.nn.dot_product_attention`'s implementation for `config` (used when attention dropout is 0)."""
+    return _settled(config).attention
+
+
+def _settled(config: ModelConfig) -> ModelConfig:
+    """`config` settled for the default backend where the trainer did not settle it (evaluation, tests)."""
+    return for_platform(config, jax.default_backend())
 
 
 def _uses_cpu_variants(config: ModelConfig) -> bool:
     """Settled by `for_platform`; an unsettled "cpu" (evaluation, tests) follows the default backend."""
-    if config.xla_cpu_variants == "cpu":
-        return jax.default_backend() == "cpu"
-    return config.xla_cpu_variants == "always"
+    return _settled(config).xla_cpu_variants == "always"
 
 
 def _output_bias(config: ModelConfig, logits_BxLxV, bias_V):
@@ -216,10 +282,18 @@ class BertEmbeddings(nn.Module):
         # benchmarks/README.md, "GPU"). The product's gradient is a plain reduction; the values are
         # the gathered rows exactly (1 x row + 0 x other rows).
         types_BxLxT = jax.nn.one_hot(token_type_ids_BxL, c.type_vocab_size, dtype=_dtype(c))
-        x_BxLxD = (self.word(input_ids_BxL) + self.position(positions_1xL)
+        x_BxLxD = (self._words(input_ids_BxL) + self.position(positions_1xL)
                    + types_BxLxT @ self.token_type.embedding.astype(_dtype(c)))
         x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
         return self.dropout(self.layer_norm(x_BxLxD), deterministic=deterministic)
+
+    def _words(self, input_ids_BxL):
+        """The word embeddings, with the table gradient chosen by `embedding_grad` (same values)."""
+        c = _settled(self.config)
+        if c.embedding_grad == "scatter":
+            return self.word(input_ids_BxL)
+        ids_N = input_ids_BxL.reshape(-1)
+        return _lookup_sorted_grad(self.word.embedding, ids_N, _dtype(c)).reshape(*input_ids_BxL.shape, -1)
 
     def attend(self, x_BxLxD):
         """Float32 logits [..., padded V] against the word embeddings: the MLM decoder tied to the inputs.
@@ -252,6 +326,7 @@ class HeadsProjection(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        """The projection of `x`; with `x` None, the 2-D kernel and 1-D bias themselves (for `fused_qkv`)."""
         c = self.config
         h, k, d = c.num_heads, c.head_dim, c.hidden_size
         if self.to_heads:
@@ -263,7 +338,9 @@ class HeadsProjection(nn.Module):
             kernel = self.param("kernel", _init(c, "heads", "kv", "embed"), (h, k, d), jnp.float32)
             bias = self.param("bias", _zeros("embed"), (d,), jnp.float32)
             kernel_2d, bias_1d = kernel.reshape(h * k, d), bias
-            x_2d = x.reshape(*x.shape[:-2], h * k)
+            x_2d = x.reshape(*x.shape[:-2], h * k) if x is not None else None
+        if x is None:
+            return kernel_2d, bias_1d
         x_2d, kernel_2d, bias_1d = nn.dtypes.promote_dtype(x_2d, kernel_2d, bias_1d, dtype=_dtype(c))
         y = x_2d @ kernel_2d + bias_1d
         return y.reshape(*y.shape[:-1], h, k) if self.to_heads else y
@@ -273,8 +350,14 @@ class SelfAttention(nn.Module):
     """Bidirectional multi-head self-attention; padding keys are masked out.
 
     With attention dropout (BERT's 0.1, the default) the scores, softmax and dropout are
-    written out. With `attention_dropout_rate` 0 the same function goes through
-    `jax.nn.dot_product_attention`, which XLA lowers to cuDNN's fused attention on GPUs.
+    written out, so XLA compiles them on every platform. With `attention_dropout_rate` 0 it is
+    `jax.nn.dot_product_attention` with the padding given as each sequence's length
+    (`key_value_seq_lengths`: padding is a suffix, as the pipeline and the trainer's batches
+    make it), with `implementation` from `config.attention`: "cudnn" (cuDNN's fused flash
+    attention; settled for GPU programs in bf16, `for_platform`) or "xla" (JAX's reference
+    path, which XLA compiles like the written-out one). Lengths rather than a boolean mask,
+    because cuDNN takes a mask as a bias whose full [B, H, L, L] gradient the backward pass
+    computes, whereas with lengths it skips the padding blocks.
     """
 
     config: ModelConfig
@@ -283,16 +366,28 @@ class SelfAttention(nn.Module):
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
         dtype = _dtype(c)
-        q_BxLxHxK = HeadsProjection(c, to_heads=True, name="query")(x_BxLxD)
-        k_BxLxHxK = HeadsProjection(c, to_heads=True, name="key")(x_BxLxD)
-        v_BxLxHxK = HeadsProjection(c, to_heads=True, name="value")(x_BxLxD)
+        if c.fused_qkv:
+            # One [D, 3 H K] matmul on the three kernels concatenated (the parameters stay three).
+            weights = [HeadsProjection(c, to_heads=True, name=n)(None) for n in ("query", "key", "value")]
+            x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
+                x_BxLxD, jnp.concatenate([w for w, _ in weights], axis=1),
+                jnp.concatenate([b for _, b in weights]), dtype=dtype)
+            qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], 3, c.num_heads,
+                                                                        c.head_dim)
+            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[..., i, :, :] for i in range(3))
+        else:
+            q_BxLxHxK = HeadsProjection(c, to_heads=True, name="query")(x_BxLxD)
+            k_BxLxHxK = HeadsProjection(c, to_heads=True, name="key")(x_BxLxD)
+            v_BxLxHxK = HeadsProjection(c, to_heads=True, name="value")(x_BxLxD)
         q_BxLxHxK = nn.with_logical_constraint(q_BxLxHxK, ("batch", "length", "heads", "kv"))
         k_BxLxHxK = nn.with_logical_constraint(k_BxLxHxK, ("batch", "length", "heads", "kv"))
         v_BxLxHxK = nn.with_logical_constraint(v_BxLxHxK, ("batch", "length", "heads", "kv"))
 
         if c.attention_dropout_rate == 0.0:
-            keys_Bx1x1xL = input_mask_BxL[:, None, None, :].astype(bool)
-            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=keys_Bx1x1xL)
+            lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
+            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+                                                       key_value_seq_lengths=lengths_B,
+                                                       implementation=attention_implementation(c))
         else:
             q_BxLxHxK = q_BxLxHxK * jnp.asarray(c.head_dim ** -0.5, dtype)
             scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
@@ -319,7 +414,7 @@ class FeedForward(nn.Module):
         h_BxLxF = nn.Dense(c.intermediate_size, dtype=_dtype(c), param_dtype=jnp.float32,
                            kernel_init=_init(c, "embed", "mlp"), bias_init=_zeros("mlp"),
                            name="intermediate")(x_BxLxD)
-        h_BxLxF = nn.with_logical_constraint(_gelu(h_BxLxF), ("batch", "length", "mlp"))
+        h_BxLxF = nn.with_logical_constraint(_gelu(c.gelu, h_BxLxF), ("batch", "length", "mlp"))
         return nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                         kernel_init=_init(c, "mlp", "embed"), bias_init=_zeros("embed"), name="output")(h_BxLxF)
 
@@ -424,7 +519,7 @@ class BertForMaskedLM(nn.Module):
         bias_V = self.output_bias
         if c.padded_vocab_size != c.vocab_size:
             bias_V = jnp.where(jnp.arange(c.padded_vocab_size) < c.vocab_size, bias_V, -jnp.inf)
-        h_BxPxD = self.transform_layer_norm(_gelu(self.transform(hidden_BxPxD)))
+        h_BxPxD = self.transform_layer_norm(_gelu(c.gelu, self.transform(hidden_BxPxD)))
         logits_BxPxV = _output_bias(c, self.encoder.embed.attend(h_BxPxD), bias_V)
         return nn.with_logical_constraint(logits_BxPxV, ("batch", "length", "vocab"))
 

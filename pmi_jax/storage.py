@@ -1,7 +1,8 @@
 """File access for local paths and gs:// alike, with atomic publication of outputs.
 
 Everything goes through tf.io.gfile so that any URL TensorFlow understands (gs://, and ram://
-in tests) works wherever a path is accepted. Outputs are written under a temporary name and
+in tests) works wherever a path is accepted; where TensorFlow is not installed (a JAX-only
+accelerator image), through a local-path stand-in with the same calls. Outputs are written under a temporary name and
 renamed when complete, so a killed job never leaves a half-written file or directory behind;
 the temporaries a killed job does leave (`.NAME.tmp-*` beside NAME) carry their writer's pid and
 host, and the next run of the same output sweeps those whose writer is gone
@@ -18,11 +19,58 @@ import socket
 import uuid
 from typing import Iterable, Iterator, Sequence
 
-import tensorflow as tf
-
 from pmi_jax.errors import UserInputError
 
-gfile = tf.io.gfile
+
+class _LocalGfile:
+    """The part of tf.io.gfile this project uses, for local paths, where TensorFlow is not installed.
+
+    A lent accelerator image has JAX but no TensorFlow; the trainer, evaluation and comparison
+    still read and write run directories there (benchmarks/scheme_compare.py, gpu_step.py).
+    """
+
+    GFile = staticmethod(open)
+    exists = staticmethod(os.path.exists)
+    isdir = staticmethod(os.path.isdir)
+    listdir = staticmethod(os.listdir)
+    remove = staticmethod(os.remove)
+    walk = staticmethod(os.walk)
+
+    @staticmethod
+    def makedirs(path):
+        os.makedirs(path, exist_ok=True)
+
+    @staticmethod
+    def rename(src, dst, overwrite=False):
+        if not overwrite and os.path.exists(dst):
+            raise FileExistsError(errno.EEXIST, "destination exists", dst)
+        os.replace(src, dst)
+
+    @staticmethod
+    def stat(path):
+        return type("FileStatistics", (), {"length": os.stat(path).st_size})()
+
+    @staticmethod
+    def rmtree(path):
+        import shutil
+
+        shutil.rmtree(path)
+
+    @staticmethod
+    def glob(pattern):
+        import glob
+
+        return glob.glob(pattern)
+
+
+try:
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
+    _TF_WRITE_ERRORS = (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError)
+except ImportError:  # JAX-only images: local paths only (a gs:// path then fails where it is opened)
+    gfile = _LocalGfile
+    _TF_WRITE_ERRORS = ()
 
 
 def join(*parts: str) -> str:
@@ -322,7 +370,7 @@ def write_errors(output: str, option: str = "--output") -> Iterator[None]:
             raise
         raise UserInputError(f"{option} {output}: cannot write {e.filename or output} ({e.strerror}"
                              f"{_free_space(output) if e.errno == errno.ENOSPC else ''})") from None
-    except (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError) as e:
+    except _TF_WRITE_ERRORS as e:
         raise UserInputError(f"{option} {output}: cannot write ({e.message})") from None
     except ValueError as e:
         match = _TENSORSTORE_WRITE_FAILURE.search(str(e))

@@ -31,7 +31,10 @@ epoch e of one host is:
      permutation drawn from (seed, e, window) (stateless, so TensorFlow's global seed
      plays no part);
   4. parsed and masked, `MASK_BATCH` records at a time (every op works on a whole batch;
-     each row is masked on its own key, so batching changes no mask).
+     each row is masked on its own key, so batching changes no mask), each at the masking
+     rate of the training step its batch feeds (`masking.MaskRate`; the step is the record's
+     place in the host's stream divided by the host's batch size, so a resumed run, which
+     starts the stream at start_step * batch_size, gives every record the same step).
 Resuming at `start_step` starts at epoch (start_step * batch_size) // N and skips the rest
 of that product modulo N as raw records (read, never parsed or masked), where N is the
 number of records the host reads per epoch, counted from its files when resuming.
@@ -40,6 +43,7 @@ other in order.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Mapping, Sequence
@@ -246,11 +250,15 @@ def mask_examples(
     *,
     scheme: str,
     corpus: TaskCorpus,
+    mask_rate: masking.MaskRate = masking.MaskRate(),
+    first_example: int = 0,
 ) -> tf.data.Dataset:
     """seqio preprocessor: records -> masked examples padded to the corpus's seq_len.
 
     Works `MASK_BATCH` records at a time; each example is masked with its own key from
-    (seed, shard, position, epoch).
+    (seed, shard, position, epoch), at the rate of its step: the i-th record of the stream
+    (counted from `first_example`, where a resumed run starts reading) lands in step
+    (first_example + i) // mask_rate.examples_per_step.
     """
     if sequence_length:
         corpus.training_seq_len(sequence_length.get("inputs"))
@@ -258,16 +266,20 @@ def mask_examples(
     mask_id = corpus.special_ids["mask"]
     regular_ids = corpus.regular_ids
 
-    def mask(batch):
+    def mask(batch, index_B):
         features = parse_records(batch["record"], unit_names, corpus.seq_len)
         keys = randomness.example_keys(batch["seed"], batch["shard"], batch["position"], batch["epoch"])
+        rate_units = mask_rate.units_at(index_B // mask_rate.examples_per_step)
         masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
-                                    regular_ids_V=tf.constant(regular_ids, tf.int32))
+                                    regular_ids_V=tf.constant(regular_ids, tf.int32), rate_units_B=rate_units,
+                                    highest_rate=mask_rate.highest)
         # word_ids ride along (the feature converter drops them) so that `data dump` can
         # measure units in words.
         return {**masked, "word_ids": features["word_ids"], **{k: batch[k] for k in ("shard", "position", "epoch")}}
 
-    return dataset.batch(MASK_BATCH).map(mask, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    # Each record with its place in the stream (zip stops with the records).
+    indexed = tf.data.Dataset.zip(dataset, tf.data.Dataset.range(first_example, _FOREVER))
+    return indexed.batch(MASK_BATCH).map(mask, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
 class MlmTask(seqio.Task):
@@ -310,24 +322,27 @@ def output_features(corpus: TaskCorpus) -> dict[str, seqio.Feature]:
     }
 
 
-def make_task(name: str, corpus: TaskCorpus, scheme: str, **source_options) -> MlmTask:
-    """The (unregistered) seqio Task of `scheme` over `corpus`."""
+def make_task(name: str, corpus: TaskCorpus, scheme: str, *,
+              mask_rate: masking.MaskRate = masking.MaskRate(), **source_options) -> MlmTask:
+    """The (unregistered) seqio Task of `scheme` over `corpus`, masking at `mask_rate`."""
     corpus.check_scheme(scheme)
     source = PreparedCorpusSource(corpus, corpus.unit_names_for(scheme), **source_options)
-    return MlmTask(
-        name, source, output_features(corpus),
-        preprocessors=[functools.partial(mask_examples, scheme=scheme, corpus=corpus)],
-        shuffle_buffer_size=None,
-    )
+    mask = functools.partial(mask_examples, scheme=scheme, corpus=corpus, mask_rate=mask_rate,
+                             first_example=source_options.get("start_example", 0))
+    return MlmTask(name, source, output_features(corpus), preprocessors=[mask], shuffle_buffer_size=None)
 
 
-def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = None) -> list[str]:
+def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = None,
+                    mask_rate: float = masking.MASK_RATE) -> list[str]:
     """Register one seqio Task per masking scheme, `{name}_{scheme}`; return their names.
 
     By default every scheme the corpus supports (random_token, whole_word and random_span
     always, a PMI-family scheme when its `units_<scheme>` feature was prepared); asking for
     a scheme the corpus lacks is a UserInputError. Registering a name again replaces it.
+    The tasks mask `mask_rate` of each sequence's non-special tokens (a constant rate: a
+    schedule needs the trainer's steps, `get_dataset`).
     """
+    rate = masking.MaskRate(start=mask_rate)
     if not _TASK_NAME.match(name):
         raise UserInputError(f"task name {name!r}: use letters, digits, '_', '.' and ':' only")
     corpus = TaskCorpus(data_dir)
@@ -336,7 +351,7 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
         corpus.check_scheme(scheme)
     names = []
     for scheme in schemes:
-        task = make_task(f"{name}_{scheme}", corpus, scheme)
+        task = make_task(f"{name}_{scheme}", corpus, scheme, mask_rate=rate)
         seqio.TaskRegistry.remove(task.name)
         seqio.TaskRegistry.add_provider(task.name, task)
         names.append(task.name)
@@ -363,12 +378,14 @@ def get_dataset(
     shuffle: bool = True,
     shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
     drop_remainder: bool = True,
+    mask_rate: masking.MaskRate = masking.MaskRate(),
 ) -> tf.data.Dataset:
     """This host's batches of masked sequences: inputs, targets, input_mask int32 [B, L] and
     weights float32 [B, L], L = seq_len (default: the corpus's), padded with [PAD] = 0.
 
     `batch_size` is per host; `start_step` batches are skipped exactly and cheaply (see the
-    module docstring). Infinite unless `num_epochs` is given.
+    module docstring). Infinite unless `num_epochs` is given. Batch s is masked at
+    `mask_rate`'s rate of step s (its `examples_per_step` is set to `batch_size` here).
     """
     if batch_size < 1:
         raise UserInputError(f"batch size {batch_size}: must be at least 1")
@@ -379,7 +396,8 @@ def get_dataset(
     corpus = TaskCorpus(data_dir)
     seq_len = corpus.training_seq_len(seq_len)
     corpus.files(split)
-    task = make_task(f"{scheme}_input", corpus, scheme, shuffle_buffer_size=shuffle_buffer_size,
+    mask_rate = dataclasses.replace(mask_rate, examples_per_step=batch_size)
+    task = make_task(f"{scheme}_input", corpus, scheme, mask_rate=mask_rate, shuffle_buffer_size=shuffle_buffer_size,
                      start_example=start_step * batch_size)
     lengths = task_feature_lengths(seq_len)
     ds = task.get_dataset(

@@ -36,6 +36,8 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
 from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+from pmi_jax.progress import Progress
+
 # Re-exported: what train.py held before batches.py and mlm_loss.py were split off.
 from pmi_jax.batches import (BATCH_KEYS, BatchSource, CorpusInfo, SyntheticBatches, TaskBatches,  # noqa: F401
                              configure_for_corpus, read_corpus_info)
@@ -107,8 +109,10 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
     """(state, batch) -> (state, metrics); pure, to be jitted with shardings."""
     accum = config.optimizer.grad_accum_steps
     schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
+    num_predictions = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
     grad_fn = jax.value_and_grad(
-        lambda p, b, r, d: mlm_loss_terms(model, p, b, r, d, deterministic=False), has_aux=True)
+        lambda p, b, r, d: mlm_loss_terms(model, p, b, r, d, deterministic=False, num_predictions=num_predictions),
+        has_aux=True)
     micro_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, partitioning.BATCH_AXES))
 
     def to_micro_batches(x_BxL):
@@ -146,6 +150,19 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
     return train_step
 
 
+def make_validation_step(model, config: ExperimentConfig) -> Callable:
+    """(params, batch) -> (summed loss, summed correct, masked tokens) of one batch, no dropout:
+    sums, so that validation over several batches is the mean over all their masked tokens."""
+    num_predictions = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
+
+    def validation_step(params, batch):
+        loss, correct = mlm_loss_terms(model, params, batch, jax.random.key(0), 1.0, deterministic=True,
+                                       num_predictions=num_predictions)
+        return loss, correct, jnp.sum(batch["weights"])
+
+    return validation_step
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
     """The sharded, jitted pieces of training for one config on one mesh."""
@@ -154,6 +171,7 @@ class Program:
     shardings: TrainState  # a NamedSharding per leaf
     init: Callable[[], TrainState]
     step: Callable[[TrainState, dict], tuple[TrainState, dict]]  # donates its state argument
+    validate: Callable[[Any, dict], tuple]  # (params, batch) -> sums, `make_validation_step`
 
     def restore_target(self) -> dict:
         """What Orbax restores into: the state's shapes, dtypes and shardings."""
@@ -171,7 +189,10 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
     step = jax.jit(make_train_step(model, tx, config, mesh),
                    in_shardings=(shardings, partitioning.batch_sharding(mesh)),
                    out_shardings=(shardings, partitioning.replicated(mesh)), donate_argnums=0)
-    return Program(abstract, shardings, init, step)
+    validate = jax.jit(make_validation_step(model, config),
+                       in_shardings=(shardings.params, partitioning.batch_sharding(mesh)),
+                       out_shardings=partitioning.replicated(mesh))
+    return Program(abstract, shardings, init, step, validate)
 
 
 # --------------------------------------------------------------------------------------
@@ -180,9 +201,11 @@ def build_program(config: ExperimentConfig, mesh) -> Program:
 
 
 def validate(config: ExperimentConfig, mesh) -> None:
-    for name in ("batch_size", "num_steps", "log_every_steps"):
+    for name in ("batch_size", "num_steps", "log_every_steps", "eval_batches"):
         if getattr(config.train, name) < 1:
             raise UserInputError(f"train.{name}={getattr(config.train, name)}: must be at least 1")
+    if config.train.eval_every_steps < 0:
+        raise UserInputError(f"train.eval_every_steps={config.train.eval_every_steps}: must be >= 0 (0: no validation)")
     batch, accum = config.train.batch_size, config.optimizer.grad_accum_steps
     split = partitioning.batch_axis_size(mesh)
     if accum < 1 or batch % accum:
@@ -252,7 +275,8 @@ class _MetricsLog:
         self.pending: list[tuple[int, dict]] = []
         self.sequences_per_step = config.train.batch_size
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
-        self.flops_per_token = flops.training_flops_per_token(config.model, config.data.seq_len)
+        self.flops_per_token = flops.training_flops_per_token(config.model, config.data.seq_len,
+                                                              config.data.highest_mask_rate)
         self.num_devices = num_devices
         self.peak = peak
         self.clock: tuple[int, float] | None = None  # (step, time) of the last synchronisation
@@ -262,6 +286,15 @@ class _MetricsLog:
 
     def start_clock(self, step: int) -> None:
         self.clock = (step, time.perf_counter())
+
+    def pause(self, seconds: float) -> None:
+        """Leave `seconds` (validation) out of the next throughput figures."""
+        if self.clock is not None:
+            self.clock = (self.clock[0], self.clock[1] + seconds)
+
+    def write_validation(self, step: int, loss: float, accuracy: float, seconds: float) -> None:
+        self.writer.write(step, {"validation_loss": loss, "validation_accuracy": accuracy,
+                                 "validation_seconds": seconds})
 
     def flush(self) -> None:
         """Fetch pending metrics, stop on a non-finite loss, write the interval means."""
@@ -302,7 +335,7 @@ def device_peak(config: ExperimentConfig) -> float | None:
 
 
 def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
-          devices=None, initial_params=None) -> RunResult:
+          devices=None, initial_params=None, progress: bool = False) -> RunResult:
     """Train up to `train.num_steps`, resuming from the latest checkpoint in `workdir`.
 
     `initial_params` (host arrays shaped like the model's params, e.g. a transformers
@@ -310,7 +343,8 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     run that starts at step 0; the optimizer state starts fresh. A resumed run ignores them.
     `devices` defaults to every device of every process. Raises UserInputError (before
     compiling anything) for a mesh or batch size that does not fit the devices, or a workdir
-    holding another model; NonFiniteLoss on a NaN/inf loss.
+    holding another model; NonFiniteLoss on a NaN/inf loss. `progress`: draw a progress line
+    on stderr (`pmi_jax.progress`; the CLI asks for it when stderr is a terminal).
     """
     mesh = partitioning.make_mesh(config.mesh, devices)
     validate(config, mesh)
@@ -343,11 +377,15 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
 
         writer = run_dir.MetricWriter(logdir, enabled=is_main)
         log = _MetricsLog(writer, config, mesh.devices.size, device_peak(config))
+        bar = Progress(config.train.num_steps, config.train.batch_size * config.data.seq_len,
+                       enabled=progress and is_main)
+        validation = _Validation.build(config, source, mesh, program) if config.train.eval_every_steps else None
         preemption = _Preemption()
         try:
             result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
-                           corpus)
+                           corpus, validation, bar)
         finally:
+            bar.close()
             preemption.restore()
             checkpointer.wait()
             checkpointer.close()
@@ -367,13 +405,44 @@ def place_params(params, shardings):
                         params, shardings)
 
 
-def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus) -> RunResult:
+@dataclasses.dataclass
+class _Validation:
+    """The fixed validation batches, on the devices, and the jitted step that scores them."""
+
+    batches: list[dict]  # global arrays
+    step: Callable
+
+    @classmethod
+    def build(cls, config: ExperimentConfig, source: BatchSource, mesh, program: Program) -> "_Validation":
+        """Batches of the micro-batch size (train.batch_size / optimizer.grad_accum_steps): what
+        fits a training step's memory fits a validation forward pass."""
+        batch = config.train.batch_size // config.optimizer.grad_accum_steps
+        start, stop = partitioning.host_batch_rows(mesh, batch)
+        local = source.validation_batches(config.train.eval_batches, batch, start // (stop - start),
+                                          batch // (stop - start))
+        for rows in local:
+            check_predictions(rows["weights"], config, 0)
+        return cls([partitioning.global_batch_from_host(rows, mesh, batch) for rows in local], program.validate)
+
+    def due(self, config: ExperimentConfig, step: int) -> bool:
+        return step % config.train.eval_every_steps == 0 or step == config.train.num_steps
+
+    def run(self, params) -> tuple[float, float]:
+        """(loss, accuracy): means over every masked token of the batches."""
+        sums = [self.step(params, batch) for batch in self.batches]
+        loss, correct, tokens = (float(np.sum(np.asarray(jax.device_get(x), np.float64))) for x in zip(*sums))
+        return loss / max(tokens, 1.0), correct / max(tokens, 1.0)
+
+
+def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus,
+          validation: _Validation | None, bar: Progress) -> RunResult:
     global_batch = config.train.batch_size
     start, stop = partitioning.host_batch_rows(mesh, global_batch)
     batches = source.batches(start_step, start // (stop - start), global_batch // (stop - start))
     num_steps = config.train.num_steps
 
     def save(step):
+        bar.clear()
         log.flush()  # raises on a non-finite loss: a bad state is never saved
         checkpointer.save(step, state.as_dict(), checkpoint_metadata(config, corpus, step))
 
@@ -391,8 +460,18 @@ def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, p
         if step == start_step + 1:  # the first step compiled: time from here on
             jax.block_until_ready(step_metrics)
             log.start_clock(step)
+            bar.start(step)
+        bar.update(step)
         if step % config.train.log_every_steps == 0 or step == num_steps:
+            bar.clear()
             log.flush()
+        if validation is not None and validation.due(config, step):
+            began = time.perf_counter()
+            loss, accuracy = validation.run(state.params)
+            seconds = time.perf_counter() - began
+            log.pause(seconds)
+            bar.clear()
+            log.write_validation(step, loss, accuracy, seconds)
         if preemption.reached(step):
             save(step)
             logging.warning("preempted: saved checkpoint at step %d", step)

@@ -91,13 +91,34 @@ def test_show_marks_every_selected_unit(corpus_dir, capsys):
         assert any(shown.split() == ["[MASK]"] * len(shown.split()) for _, shown in marked)
 
 
+def test_mask_rate_sets_the_budget_of_show_and_dump(corpus_dir, tmp_path, capsys):
+    assert main(["data", "show", "--data", corpus_dir, "--scheme", "pmi", "--num", "3", "--mask-rate", "0.4"]) == 0
+    out = capsys.readouterr().out
+    assert "the masking budget is 40% of the maskable tokens" in out
+    headers = re.findall(r"\((\d+) maskable\), (\d+) selected in \d+ units \(budget (\d+)\)", out)
+    assert len(headers) == 3
+    for maskable, selected, budget in headers:
+        assert int(budget) == max(1, 40 * int(maskable) // 100) and int(selected) <= int(budget)
+    at_15, at_40 = tmp_path / "15.jsonl", tmp_path / "40.jsonl"
+    assert _dump(corpus_dir, at_15) == 0 and _dump(corpus_dir, at_40, "--mask-rate", "0.4") == 0
+    selected_15 = sum(sum(r["weights"]) for r in _lines(at_15))
+    selected_40 = sum(sum(r["weights"]) for r in _lines(at_40))
+    maskable = sum(sum(u >= 0 for u in r["units"]) for r in _lines(at_40))
+    assert selected_15 <= 0.15 * maskable and 0.37 * maskable < selected_40 <= 0.4 * maskable
+    for bad in ("0", "1.5", "0.12345"):
+        assert main(["data", "show", "--data", corpus_dir, "--scheme", "pmi", "--mask-rate", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--mask-rate={float(bad)}" in err
+
+
 def test_help_explains_every_option(capsys):
     for argv in (["data", "--help"], ["data", "dump", "--help"], ["data", "show", "--help"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--data", "--scheme", "--num", "--seed", "--split", "--shuffle", "--output", "--overwrite"):
+    for option in ("--data", "--scheme", "--num", "--seed", "--split", "--shuffle", "--output", "--overwrite",
+                   "--mask-rate"):
         assert option in out
 
 

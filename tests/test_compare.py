@@ -36,7 +36,7 @@ def _png_size(path: str) -> tuple[int, int]:
 
 
 def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, seed: int = 0, train_seed: int = 0,
-              params=None) -> str:
+              params=None, data: dict = {}, validation: bool = False) -> str:
     """A run as `pmi-jax train` leaves it: checkpoints with the run's config, and metrics.jsonl.
 
     Parameters: random with seed `seed + i` at the i-th checkpoint, or `params(model config, i)`."""
@@ -46,7 +46,7 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
     from pmi_jax.train import TENSORBOARD_DIR, checkpoint_metadata
 
     model = dataclasses.replace(eval_data.tiny_config(), vocab_size=len(prepared_data.vocabulary()))
-    config = ExperimentConfig(model=model, data=DataConfig(data_dir=data_dir, scheme=scheme, seq_len=32),
+    config = ExperimentConfig(model=model, data=DataConfig(data_dir=data_dir, scheme=scheme, seq_len=32, **data),
                               train=TrainConfig(batch_size=batch_size, num_steps=STEPS[-1], seed=train_seed))
     checkpointer = Checkpointer(workdir, CheckpointConfig())
     for i, step in enumerate(STEPS):
@@ -57,6 +57,9 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
     writer = run_dir.MetricWriter(os.path.join(workdir, TENSORBOARD_DIR), enabled=True)
     for step in range(1, STEPS[-1] + 1):
         writer.write(step, {"loss": 5.0 - 0.3 * step - 0.1 * seed, "accuracy": 0.01 * step})
+        if validation and step % 2 == 0:  # as the trainer writes it: a line of its own
+            writer.write(step, {"validation_loss": 5.5 - 0.2 * step, "validation_accuracy": 0.01 * step,
+                                "validation_seconds": 0.5})
     writer.close()
     return workdir
 
@@ -318,3 +321,25 @@ def test_overlapping_finetuning_seed_ranges_mark_no_best():
     apart = Table("t", "n", ["glue/rte"], [("a", [60.0]), ("b", [50.0])], lower_is_better=False,
                   seed_scores=[("a", [[59.0, 60.0, 61.0]]), ("b", [[49.0, 50.0, 51.0]])])
     assert "| a | **60.00 (median 60.00, 59.00–61.00, 3 seeds)** |" in apart.markdown()
+
+
+def test_validation_loss_and_the_masking_rate_join_the_comparison(runs, tmp_path, capsys):
+    data_dir = os.path.join(os.path.dirname(runs["token"]), "data")
+    rate30 = _make_run(str(tmp_path / "rate30"), data_dir, "pmi", data={"mask_rate": 0.3}, validation=True)
+    decay = _make_run(str(tmp_path / "decay"), data_dir, "whole_word", validation=True, data={
+        "mask_rate": 0.3, "mask_rate_schedule": "linear", "mask_rate_end": 0.15})
+    output = str(tmp_path / "report")
+    assert main(["compare", runs["token"], rate30, decay, "--output", output]) == 0
+    with open(os.path.join(output, "report.md")) as f:
+        report = f.read()
+    assert "| rate30 | pmi | 0.3 |" in report and "| decay | whole_word | 0.3 → 0.15 linear |" in report
+    assert "| token | random_token | 0.15 |" in report
+    assert "rate30 (pmi): data.mask_rate = 0.3, but token (random_token) has 0.15" in report
+    assert "decay (whole_word): data.mask_rate_schedule = 'linear', but token (random_token) has 'constant'" in report
+    width, height = _png_size(os.path.join(output, "validation_loss.png"))
+    assert width > 300 and height > 200 and "![validation_loss.png](validation_loss.png)" in report
+    from pmi_jax.compare.runs import read_run
+
+    run = read_run(rate30)
+    assert run.training[2]["loss"] == pytest.approx(4.4) and run.training[2]["validation_loss"] == pytest.approx(5.1)
+    assert "validation_loss" not in run.training[3]

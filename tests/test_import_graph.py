@@ -139,3 +139,10 @@ def test_statistics_live_in_one_module_that_eval_and_compare_share():
     assert project_imports("pmi_jax.intervals") == []
     users = {m for m in MODULES if any(t == "pmi_jax.intervals" for _, t in project_imports(m))}
     assert {"pmi_jax.eval.perplexity", "pmi_jax.compare.perplexity_tables"} <= users, users
+
+
+def test_the_progress_line_imports_nothing_of_the_project():
+    """pmi_jax/progress.py draws a line from numbers it is given: the trainer uses it, it uses nothing."""
+    assert "pmi_jax.progress" in {t for _, t in project_imports("pmi_jax.train")}
+    bad = _violations(["pmi_jax.progress"], lambda m, target: False)
+    assert not bad, "pmi_jax/progress.py imports project modules:\n" + "\n".join(bad)

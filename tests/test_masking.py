@@ -311,9 +311,9 @@ def test_select_units_is_the_greedy_scan_of_the_first_draws(window):
         word_ids = np.where(unit_ids >= 0, 0, -1).astype(np.int32)
         budgets = masking.masking_budget((word_ids >= 0).sum(axis=1))
         reference = masking.select_units(tf.constant(unit_ids), tf.constant(budgets), keys).numpy()
-        _, compiled = masking._compiled_mask_units(length, 3)(
+        _, compiled = masking._compiled_mask_units(length, 3, masking.masking_budget(length) + 1)(
             tf.constant(unit_ids), tf.constant(unit_ids), tf.constant(word_ids), keys, tf.constant([5, 6, 7]),
-            tf.constant(MASK))
+            tf.constant(MASK), tf.fill([batch], 1500))
         np.testing.assert_array_equal(compiled.numpy(), reference.astype(np.float32))
 
 
@@ -370,3 +370,137 @@ def test_random_below_is_the_exact_high_word_of_bits_times_n(n):
     bits = bits.numpy().astype(np.uint64)
     expected = (bits * np.asarray(bound, np.uint64).reshape(-1, 1)) >> np.uint64(32)
     np.testing.assert_array_equal(drawn.numpy(), expected)
+
+
+# --------------------------------------------------------------------------------------
+# Masking rates other than 15% (data.mask_rate; docs/design.md, "Masking rate")
+# --------------------------------------------------------------------------------------
+
+RATES = (0.15, 0.3, 0.4)
+
+
+def _rate_budget(num_tokens: int, rate: float) -> int:
+    """floor(rate x n), at least 1, in exact rational arithmetic."""
+    return max(1, math.floor(fractions.Fraction(str(rate)) * num_tokens))
+
+
+@pytest.mark.parametrize("rate", [0.15, 0.3, 0.4, 0.0001, 0.3333, 1.0])
+def test_masking_budget_is_the_rate_rounded_down(rate):
+    n = np.arange(0, 3000)
+    units = round(rate * 10_000)
+    expected = [_rate_budget(int(k), rate) for k in n]
+    np.testing.assert_array_equal(masking.masking_budget(tf.constant(n), units).numpy(), expected)
+    np.testing.assert_array_equal(masking.masking_budget(tf.constant(n), tf.fill([3000], units)).numpy(), expected)
+    assert [masking.masking_budget(int(k), units) for k in n[::97]] == expected[::97]
+
+
+def test_rates_that_are_not_whole_basis_points_are_refused():
+    from pmi_jax.config import DataConfig
+    from pmi_jax.errors import UserInputError
+
+    for bad in (0.0, -0.1, 1.5, 0.12345):
+        with pytest.raises(UserInputError, match="data.mask_rate"):
+            DataConfig(mask_rate=bad)
+    with pytest.raises(UserInputError, match="mask_rate_schedule"):
+        DataConfig(mask_rate_schedule="step")
+    with pytest.raises(UserInputError, match="data.mask_rate_end"):
+        DataConfig(mask_rate=0.3, mask_rate_schedule="linear", mask_rate_end=0.0)
+    assert DataConfig(mask_rate=0.3, mask_rate_schedule="linear").highest_mask_rate == 0.3  # to 0.15 by default
+    assert DataConfig(mask_rate=0.1, mask_rate_schedule="cosine", mask_rate_end=0.4).highest_mask_rate == 0.4
+    assert DataConfig(mask_rate=0.1, mask_rate_end=0.4).highest_mask_rate == 0.15  # constant: the end is unused
+
+
+@pytest.fixture(scope="module")
+def masked_at(corpus_dir, prepared, masked):
+    """masked_at(scheme, rate) -> the examples of seed 0, epoch 0 masked at a constant `rate`."""
+
+    def get(scheme: str, rate: float) -> list[dict]:
+        if rate == masking.MASK_RATE:
+            return masked(scheme)
+        key = (corpus_dir, scheme, rate)
+        if key not in _CACHE:
+            task = tasks.make_task(f"test_{scheme}_{rate}", tasks.TaskCorpus(corpus_dir), scheme,
+                                   mask_rate=masking.MaskRate(rate))
+            examples = []
+            for batch in task.get_dataset(None, "train", shuffle=False, seed=0).batch(512).as_numpy_iterator():
+                for i, length in enumerate((batch["targets"] != PAD).sum(axis=1)):
+                    examples.append({k: v[i, :length] if v.ndim == 2 else v[i] for k, v in batch.items()})
+            assert len(examples) == len(prepared)
+            for ex, source in zip(examples, prepared):
+                ex["prepared"] = source
+            _CACHE[key] = examples
+        return _CACHE[key]
+
+    return get
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_scheme_honours_the_rate(masked_at, scheme, rate):
+    """At 15%, 30% and 40%: the budget floor(rate x non-special tokens) is never exceeded and
+    nearly met, units are taken whole, each selected unit is 80/10/10 [MASK]/random/kept, and
+    the number of units selected is that of a uniformly random order filled greedily."""
+    examples = masked_at(scheme, rate)
+    selected_tokens = budget_tokens = all_tokens = 0
+    fates = {"mask": 0, "random": 0, "keep": 0}
+    units_selected = units_total = 0
+    for ex in examples:
+        special = ex["prepared"]["word_ids"] < 0
+        tokens = int((~special).sum())
+        selected = int(ex["weights"].sum())
+        assert not ex["weights"][special].any()
+        assert selected <= _rate_budget(tokens, rate), "the greedy fill must never overflow the budget"
+        selected_tokens, budget_tokens, all_tokens = (selected_tokens + selected,
+                                                      budget_tokens + _rate_budget(tokens, rate), all_tokens + tokens)
+        units = ex["units"][~special]
+        for u in np.unique(units):
+            weights = ex["weights"][ex["units"] == u]
+            assert weights.min() == weights.max(), f"unit {u} selected in part"
+        units_total += len(np.unique(units))
+        chosen = _selected_units(ex)
+        units_selected += len(chosen)
+        for positions in chosen.values():
+            shown, original = ex["inputs"][positions], ex["targets"][positions]
+            fate = "mask" if (shown == MASK).all() else "keep" if (shown == original).all() else "random"
+            fates[fate] += 1
+    # The selected share of the non-special tokens: at most the rate (floor), and short of the
+    # budget by under 2% (docs/design.md, "Masking schemes"), whatever the rate.
+    assert selected_tokens / all_tokens <= rate
+    assert selected_tokens / budget_tokens >= 0.98, f"selected/budget {selected_tokens / budget_tokens:.4f}"
+    # 80/10/10 per unit: 5 binomial standard deviations (randomised units whose draws all hit
+    # the originals count as kept: a bias below 0.0005, see the 15% test above).
+    total = sum(fates.values())
+    for fate, p in (("mask", 0.8), ("random", 0.1), ("keep", 0.1)):
+        sd = math.sqrt(p * (1 - p) / total)
+        assert abs(fates[fate] / total - p) < 5 * sd, f"{fate}: {fates[fate]}/{total} (expected {p})"
+    # The unit share: the units selected, against the same selection (units in a uniformly
+    # random order, each taken if it fits what is left of the budget) simulated with NumPy's
+    # generator on the same units and budgets; 5 standard deviations of the simulated totals.
+    expected = _simulated_units_selected(examples, rate, replicas=30)
+    sd = expected.std(ddof=1) * math.sqrt(1 + 1 / len(expected))
+    # (One-token units: every simulation takes exactly the budget, sd 0, and so must the masking.)
+    assert abs(units_selected - expected.mean()) <= 5 * sd, (units_selected, expected.mean(), sd)
+    assert units_total > units_selected
+
+
+def _simulated_units_selected(examples: list[dict], rate: float, replicas: int) -> np.ndarray:
+    """Total units selected over `examples` in each of `replicas` independent simulations."""
+    rows = []
+    for ex in examples:
+        units = ex["units"][ex["units"] >= 0]
+        rows.append((np.bincount(units)[np.unique(units)], _rate_budget(len(units), rate)))
+    width = max(len(sizes) for sizes, _ in rows)
+    sizes = np.zeros((len(rows), width), np.int64)
+    for i, (row, _) in enumerate(rows):
+        sizes[i, :len(row)] = row
+    sizes = np.tile(sizes, (replicas, 1))
+    left = np.tile([budget for _, budget in rows], replicas)
+    rng = np.random.default_rng(12345)
+    order = np.argsort(np.where(sizes > 0, rng.random(sizes.shape), 2.0), axis=1)
+    sizes = np.take_along_axis(sizes, order, axis=1)
+    taken = np.zeros(len(sizes), np.int64)
+    for j in range(width):
+        take = (sizes[:, j] > 0) & (sizes[:, j] <= left)
+        left -= np.where(take, sizes[:, j], 0)
+        taken += take
+    return taken.reshape(replicas, len(rows)).sum(axis=1).astype(np.float64)

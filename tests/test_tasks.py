@@ -171,3 +171,55 @@ def test_resume_continues_exactly(corpus_dir, start_step):
     for a, b in zip(full[start_step:], resumed):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_rate_schedules_reach_their_end_rate_at_num_steps():
+    from pmi_jax import masking
+
+    linear = masking.MaskRate(0.3, 0.15, "linear", num_steps=10)
+    assert [linear.rate_at(s) for s in (0, 1, 5, 10, 11, 1000)] == [0.3, 0.285, 0.225, 0.15, 0.15, 0.15]
+    cosine = masking.MaskRate(0.3, 0.15, "cosine", num_steps=10)
+    rates = [cosine.rate_at(s) for s in range(12)]
+    assert rates[0] == 0.3 and rates[5] == 0.225 and rates[10:] == [0.15, 0.15]
+    assert all(a >= b for a, b in zip(rates, rates[1:])) and rates[1] > linear.rate_at(1)  # flat at the start
+    rising = masking.MaskRate(0.1, 0.4, "linear", num_steps=3)
+    assert [rising.rate_at(s) for s in range(4)] == [0.1, 0.2, 0.3, 0.4] and rising.highest == 0.4
+    assert masking.MaskRate(0.3).rate_at(10**9) == 0.3
+
+
+SCHEDULE = dict(start=0.4, end=0.1, schedule="linear", num_steps=6)
+
+
+def test_each_batch_is_masked_at_its_steps_rate(corpus_dir):
+    """Batch s of a schedule holds exactly the masks a constant rate of r(s) gives the same
+    examples: the key of an example does not depend on the rate, only its budget does."""
+    from pmi_jax import masking
+
+    rate = masking.MaskRate(**SCHEDULE)
+    scheduled = _examples(tasks.get_dataset(corpus_dir, "pmi", "train", None, 6, 5, mask_rate=rate).take(8))
+    for step, batch in enumerate(scheduled):
+        constant = masking.MaskRate(rate.rate_at(step))
+        (same,) = _examples(tasks.get_dataset(corpus_dir, "pmi", "train", None, 6, 5, start_step=step,
+                                              mask_rate=constant).take(1))
+        for k in batch:
+            np.testing.assert_array_equal(batch[k], same[k])
+    shares = [b["weights"].sum() / (b["input_mask"].sum() - 2 * len(b["weights"])) for b in scheduled]
+    assert shares[0] > 0.35 and shares[6] < 0.11 and shares[7] < 0.11, shares  # 40% -> 10%, flat after step 6
+
+
+@pytest.mark.parametrize("start_step", [3, 7, 12])
+def test_resume_under_a_rate_schedule_continues_exactly(corpus_dir, start_step):
+    from pmi_jax import masking
+
+    rate = masking.MaskRate(**{**SCHEDULE, "num_steps": 14})
+
+    def batches(start):
+        ds = tasks.get_dataset(corpus_dir, "random_span", "validation", None, 6, 9, start_step=start,
+                               shuffle_buffer_size=16, mask_rate=rate)
+        return _examples(ds.take(16 - start))
+
+    full, resumed = batches(0), batches(start_step)
+    assert len(resumed) == 16 - start_step
+    for a, b in zip(full[start_step:], resumed):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])

@@ -112,7 +112,14 @@ def reference(tmp_path_factory):
     return workdir
 
 
-REFERENCE = ["train.num_steps=12", "checkpoint.every_steps=4", "mesh.data=4", "mesh.model=2"]
+REFERENCE = ["train.num_steps=12", "checkpoint.every_steps=4", "mesh.data=4", "mesh.model=2",
+             "train.eval_every_steps=4", "train.eval_batches=2"]
+
+
+def _validation(workdir):
+    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    return {s: (r["validation_loss"], r["validation_accuracy"]) for s, r in sorted(records.items())
+            if "validation_loss" in r}
 
 
 def test_data_4_model_2_mesh_gives_the_losses_of_one_device(tmp_path, reference):
@@ -195,10 +202,12 @@ def test_sigkill_and_sigterm_then_resume_repeat_the_uninterrupted_losses_exactly
     checkpointer = checkpoints.Checkpointer(workdir, _config().checkpoint, read_only=True)
     assert checkpointer.latest_step() == step and checkpointer.metadata(step)["data_position"] == step
 
-    # 3. Resume to the end: every step's loss is bitwise the uninterrupted run's.
+    # 3. Resume to the end: every step's loss, and every validation, is bitwise the uninterrupted run's.
     config = _config(*REFERENCE)
     assert train.train(config, workdir, _source(config)).step == 12
     assert _losses(workdir) == _losses(reference)
+    assert list(_validation(reference)) == [4, 8, 12]
+    assert _validation(workdir) == _validation(reference)
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_only_good_checkpoints(tmp_path):
@@ -497,3 +506,106 @@ def test_zero_batch_size_is_refused_before_anything_is_created(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.batch_size=0: must be at least 1" in err
     assert not workdir.exists()
+
+
+# ---------------------------------------------------------------- masking rate, validation
+
+
+def test_validation_is_the_mlm_loss_of_the_fixed_batches_at_its_steps(reference):
+    """Logged every train.eval_every_steps (and at the end), to metrics.jsonl and TensorBoard;
+    recomputed here from the checkpoint of that step on the source's validation batches."""
+    import tensorflow as tf
+    from pmi_jax.model import BertForMaskedLM
+
+    config = _config(*REFERENCE)
+    source = _source(config)
+    first, again = source.validation_batches(2, 16, 0, 1), source.validation_batches(2, 16, 0, 1)
+    for a, b in zip(first, again, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])  # the same masks every time
+    assert not np.array_equal(first[0]["targets"], source.global_batch(0)["targets"])  # held out from training
+    _, params, _ = checkpoints.restore_for_eval(os.path.join(reference, "checkpoints", "8"))
+    model = BertForMaskedLM(config.model)
+    sums = np.zeros(3)
+    for batch in first:
+        loss, correct = train.mlm_loss_terms(model, params, batch, jax.random.key(0), 1.0, deterministic=True)
+        sums += [float(loss), float(correct), batch["weights"].sum()]
+    loss, accuracy = _validation(reference)[8]
+    np.testing.assert_allclose([loss, accuracy], [sums[0] / sums[2], sums[1] / sums[2]], rtol=1e-5)
+    assert loss < np.log(128 - 5)  # it has learned something by step 8
+
+    tagged = {}
+    logdir = os.path.join(reference, train.TENSORBOARD_DIR)
+    for name in os.listdir(logdir):
+        if name.startswith("events."):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
+                for value in event.summary.value:
+                    if value.tag == "validation_loss":
+                        tagged[event.step] = float(tf.make_ndarray(value.tensor))
+    assert sorted(tagged) == [4, 8, 12]
+    np.testing.assert_allclose(tagged[8], loss, rtol=1e-6)
+
+
+def test_head_gathers_for_the_highest_rate_and_synthetic_batches_keep_to_the_rate():
+    config = _config("data.mask_rate=0.3", "data.mask_rate_schedule=linear", "data.mask_rate_end=0.15")
+    assert config.model.predictions(32, config.data.highest_mask_rate) == 12  # 30% of 32 is 9.6 -> 10 -> 12
+    source = dataclasses.replace(_source(config), mask_rate=0.4)
+    for step in range(10):
+        weights = source.global_batch(step)["weights"]
+        assert weights.sum(axis=1).max() <= 0.4 * 30  # floor(40%) of at most 30 words
+    train.check_predictions(source.global_batch(0)["weights"], _config("data.mask_rate=0.4"), 0)
+    with pytest.raises(UserInputError, match=r"more than the MLM head's 8"):
+        train.check_predictions(np.ones((1, 32), np.float32), _config(), 3)
+
+
+def test_training_validation_masks_at_the_fixed_rate_whatever_the_training_rate(demo_prepared_corpus):
+    def source(**rates):
+        return train.TaskBatches(demo_prepared_corpus, "pmi", "train", 64, 16, seed=3, num_steps=10, **rates)
+
+    fixed = source().validation_batches(3, 16, 0, 1)
+    for other in (source(mask_rate=0.4), source(mask_rate=0.3, mask_rate_schedule="linear", mask_rate_end=0.15)):
+        for a, b in zip(fixed, other.validation_batches(3, 16, 0, 1), strict=True):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+    selected = sum(b["weights"].sum() for b in fixed)
+    real = sum((b["input_mask"].sum(axis=1) - 2).sum() for b in fixed)  # at least [CLS] and [SEP] are special
+    assert 0.13 < selected / real <= 0.15
+    at_30 = source(eval_mask_rate=0.3).validation_batches(1, 16, 0, 1)[0]["weights"].sum()
+    assert at_30 > 1.8 * fixed[0]["weights"].sum()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _StopsAt(train.TaskBatches):
+    stop_at: int = 0
+
+    def batches(self, start_step, shard_index, num_shards):
+        for step, batch in enumerate(super().batches(start_step, shard_index, num_shards), start_step):
+            if step == self.stop_at:
+                raise _Interrupted(step)
+            yield batch
+
+
+def test_a_rate_schedule_resumes_exactly_on_a_prepared_corpus(tmp_path, demo_prepared_corpus):
+    """Linear 40% -> 10% over 8 steps through the seqio pipeline: a run stopped after its step-4
+    checkpoint and resumed logs bitwise the uninterrupted run's losses and validation."""
+    corpus = train.read_corpus_info(demo_prepared_corpus, "pmi", "train", validation=True)
+    config = train.configure_for_corpus(_config(
+        "model.vocab_size=0", "data.seq_len=0", "model.max_position_embeddings=64", "model.num_layers=1",
+        "train.num_steps=8", "checkpoint.every_steps=4", "train.eval_every_steps=4", "train.eval_batches=1",
+        "data.mask_rate=0.4", "data.mask_rate_schedule=linear", "data.mask_rate_end=0.1",
+        f"data.data_dir={demo_prepared_corpus}"), corpus)
+    assert config.model.predictions(64, config.data.highest_mask_rate) == 28
+    source = train.TaskBatches.from_config(config)
+    whole = str(tmp_path / "whole")
+    train.train(config, whole, source, corpus)
+    stopped = str(tmp_path / "stopped")
+    with pytest.raises(_Interrupted):
+        train.train(config, stopped, _StopsAt(**dataclasses.asdict(source), stop_at=6), corpus)
+    assert sorted(os.listdir(os.path.join(stopped, "checkpoints"))) == ["4"]
+    assert train.train(config, stopped, source, corpus).step == 8
+    assert _losses(stopped) == _losses(whole) and len(_losses(whole)) == 8
+    assert _validation(stopped) == _validation(whole) and list(_validation(whole)) == [4, 8]

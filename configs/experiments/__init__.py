@@ -5,6 +5,7 @@ One config per scale; every scheme is trained with the same config and seed, cho
     demo        a tiny BERT on the demo corpus, CPU, minutes (`python3 dev.py demo` runs two schemes)
     paper       BERT-base with the paper's Table 5 hyper-parameters, 1M steps, six schemes on one corpus
     paper_2_4m  the same for 2.4M steps (§5.1, Figure 2, Tables 2, 6-8), its own learning-rate decay
+    rate30      `demo` at a 30% masking rate (data.mask_rate=0.3), validated at 15%
 """
 from pmi_jax.config import SCHEMES
 

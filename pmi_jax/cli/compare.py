@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
                     "fine-tuning score per scheme at equal pretraining steps with its median and range over "
                     "fine-tuning seeds (overlapping ranges flagged); runs that differ in anything but the scheme "
                     "and seed flagged; the paper's table shapes (Table 2: SQuAD 2.0 EM and F1, RACE, GLUE average, "
-                    "dev/test; Table 8: GLUE per task; Tables 6-7: each task per pretraining checkpoint); and PNG plots: mlm_loss.png, perplexity[-<unit>].png, one "
+                    "dev/test; Table 8: GLUE per task; Tables 6-7: each task per pretraining checkpoint); the masking rate in the run table (runs at other rates flagged); and PNG plots: mlm_loss.png, validation_loss.png (validation during training), perplexity[-<unit>].png, one "
                     "<task>-<protocol>.png per fine-tuning task. docs/experiments.md, \"Intervals\", says how "
                     "the intervals are computed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     tables = [*perplexity, *report.finetune_tables(runs)]
     tables += paper_tables.tables(runs, released)  # the paper's Tables 2, 3, 8 and 6-7, beside the summary above
     with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
-        names = [n for n in [plots.mlm_loss(runs, tmp)] if n] + plots.perplexity(perplexity, tmp)
+        names = [n for n in [plots.mlm_loss(runs, tmp), plots.validation_loss(runs, tmp)] if n]
+        names += plots.perplexity(perplexity, tmp)
         names += plots.downstream(runs, tmp)
         with storage.atomic_file(storage.join(tmp, "report.md")) as f:
             f.write(report.markdown(runs, tables, names))

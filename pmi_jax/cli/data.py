@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.config import SCHEMES, UNIT_SCHEMES
+from pmi_jax.config import MASK_RATE, SCHEMES, UNIT_SCHEMES
 
 
 def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) -> None:
@@ -19,6 +19,9 @@ def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) ->
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
     p.add_argument("--seed", type=int, default=0, help="run seed: masks (and the order, with --shuffle) are a "
                    "function of it, the example and the epoch (default: 0)")
+    p.add_argument("--mask-rate", type=float, default=MASK_RATE, metavar="R",
+                   help=f"share of each sequence's non-special tokens selected, as training's data.mask_rate: the "
+                   f"budget is floor(R x tokens), at least 1 (default: {MASK_RATE}, the paper's; e.g. 0.3)")
     p.add_argument("--shuffle", action="store_true", help="read in the training order for --seed instead of "
                    "file order")
     if default_num is None:
@@ -69,10 +72,13 @@ def _examples(args: argparse.Namespace):
     from pmi_jax.errors import UserInputError
     from pmi_jax.formats import prepared_corpus
 
+    from pmi_jax.config import mask_rate_units
+
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
+    mask_rate_units(args.mask_rate, "--mask-rate")
     tasks.TaskCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
-    (name,) = tasks.register_corpus("data", args.data, [args.scheme])
+    (name,) = tasks.register_corpus("data", args.data, [args.scheme], mask_rate=args.mask_rate)
     task = seqio.get_mixture_or_task(name)
     ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)
 
@@ -106,7 +112,7 @@ def run_dump(args: argparse.Namespace) -> int:
             record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})
             f.write(json.dumps(record) + "\n")
             count += 1
-    print(f"wrote {count} {args.scheme} examples to {args.output}")
+    print(f"wrote {count} {args.scheme} examples (mask rate {args.mask_rate:g}) to {args.output}")
     return 0
 
 
@@ -140,12 +146,14 @@ def render(targets, inputs, weights, units, vocab_tokens: list[str]) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from pmi_jax.config import mask_rate_units
     from pmi_jax.masking import masking_budget
 
     _absolute_paths(args)
     vocab, examples = _examples(args)
     print(f"{args.scheme} masking of {args.data} ({args.split}, seed {args.seed}); "
-          "a selected unit is shown as {original|input}; the masking budget is 15% of the maskable tokens")
+          "a selected unit is shown as {original|input}; the masking budget is "
+          f"{100 * args.mask_rate:g}% of the maskable tokens")
     for ex in examples:
         # Every token of the sequence, as `corpus show` counts them; the special ones ([CLS], [SEP],
         # where units are -1) are never masked, so the budget counts the others.
@@ -154,6 +162,6 @@ def run_show(args: argparse.Namespace) -> int:
         selected = int(ex["weights"].sum())
         units = len(set(ex["units"][ex["weights"] > 0].tolist()))
         print(f"\nshard {ex['shard']} position {ex['position']} epoch {ex['epoch']}: {tokens} tokens "
-              f"({maskable} maskable), {selected} selected in {units} units (budget {int(masking_budget(maskable))})")
+              f"({maskable} maskable), {selected} selected in {units} units (budget {int(masking_budget(maskable, mask_rate_units(args.mask_rate)))})")
         print(render(ex["targets"], ex["inputs"], ex["weights"], ex["units"], vocab.tokens))
     return 0

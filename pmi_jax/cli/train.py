@@ -6,6 +6,16 @@
 Run the same command on every host of a TPU pod slice: jax.distributed is initialised from
 the environment there. The run resumes from the latest checkpoint in --workdir.
 
+Masking rate (default 15%), constant or scheduled over train.num_steps; validation on fixed
+batches of the corpus's validation split every train.eval_every_steps, masked at
+data.eval_mask_rate (15%) whatever the training rate:
+
+    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi-30 \
+        --set data.mask_rate=0.3 --set data.mask_rate_schedule=linear --set data.mask_rate_end=0.15
+
+On a terminal a progress line (step, steps/s, tokens/s, ETA) is redrawn on stderr; --no-progress
+turns it off, and it is never drawn when stderr is not a terminal.
+
 Check that a config fits a TPU slice, on any machine with libtpu installed (nothing runs):
 
     pmi-jax train --compile-only --topology v5p-8 --config base --set model.vocab_size=30522
@@ -51,6 +61,9 @@ def add_parser(subparsers) -> None:
                              "decides the model (a --config or --set that contradicts it is an error) and the corpus "
                              "must use its vocabulary (`corpus prepare --wordpiece DIR/vocab.txt`). Ignored when "
                              "--workdir already holds a checkpoint (the run resumes)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress line (step, steps/s, tokens/s, ETA) on stderr; it is drawn only when stderr "
+                             "is a terminal anyway. The log lines every train.log_every_steps go on either way")
     parser.add_argument("--peak-flops", type=float, default=None,
                         help="peak FLOP/s of one device for the MFU metric (default: looked up for TPU v4/v5e/v5p/"
                              "v6e, A100, H100, H200; MFU is not reported for other devices)")
@@ -108,7 +121,8 @@ def run(args) -> int:
     distributed = experiment.Distributed(args.coordinator_address, args.num_processes, args.process_id)
     try:
         with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
-            result = experiment.pretrain(spec, args.workdir, distributed)
+            result = experiment.pretrain(spec, args.workdir, distributed,
+                                         progress=not args.no_progress and sys.stderr.isatty())
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

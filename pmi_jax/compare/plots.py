@@ -56,6 +56,21 @@ def mlm_loss(runs: list[Run], directory: str) -> str | None:
     return _save(figure, directory, "mlm_loss.png")
 
 
+def validation_loss(runs: list[Run], directory: str) -> str | None:
+    """Validation during training (`train.eval_every_steps`): the MLM loss on fixed held-out batches."""
+    if not any(any("validation_loss" in row for row in r.training.values()) for r in runs):
+        return None
+    rates = {r.settings()["data.eval_mask_rate"] for r in runs}
+    rate = f"masked at {100 * rates.pop():g}%" if len(rates) == 1 else "masked at different rates"
+    figure, axes = _axes(f"MLM validation loss per masking scheme ({rate})", "masked-LM loss (nats)")
+    for label, run in zip(labels(runs), runs):
+        steps = sorted(s for s in run.training if run.training[s].get("validation_loss") is not None)
+        axes.plot(steps, [run.training[s]["validation_loss"] for s in steps], marker="o", label=label,
+                  color=scheme_colour(run.scheme))
+    axes.legend()
+    return _save(figure, directory, "validation_loss.png")
+
+
 def perplexity(tables: list[PerplexityTable], directory: str) -> list[str]:
     """One figure per perplexity table: each scheme's perplexity against step, with its 95% interval."""
     names = []

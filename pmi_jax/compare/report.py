@@ -103,13 +103,13 @@ def finetune_tables(runs: list[Run]) -> list[Table]:
 
 
 def _setting_lines(runs: list[Run]) -> list[str]:
-    lines = ["| run | scheme | directory | last step | corpus | model | batch | steps | seeds (train, data) |",
-             "|---|---|---|---:|---|---|---:|---:|---|"]
+    lines = ["| run | scheme | mask rate | directory | last step | corpus | model | batch | steps | seeds (train, data) |",
+             "|---|---|---|---|---:|---|---|---:|---:|---|"]
     for r in runs:
         model, data, train = (r.config.get(k, {}) for k in ("model", "data", "train"))
         size = (f"{model.get('num_layers')}L/{model.get('hidden_size')}H/{model.get('num_heads')}A"
                 if model else "?")
-        lines.append(f"| {r.name} | {r.scheme} | `{r.path}` | {r.last_step} | `{data.get('data_dir')}` | {size} | "
+        lines.append(f"| {r.name} | {r.scheme} | {r.mask_rate()} | `{r.path}` | {r.last_step} | `{data.get('data_dir')}` | {size} | "
                      f"{train.get('batch_size')} | {train.get('num_steps')} | {train.get('seed')}, {data.get('seed')} |")
     return lines
 

@@ -21,7 +21,11 @@ from pmi_jax.formats.run_dir import EVAL_DIR, PERPLEXITY_PREFIX
 # (masks, reading order) are that scheme's seeds.
 COMPARED_SECTIONS = ("model", "optimizer")
 COMPARED_FIELDS = (("data", "data_dir"), ("data", "seq_len"), ("data", "split"),
-                   ("train", "batch_size"), ("train", "num_steps"))
+                   ("data", "mask_rate"), ("data", "mask_rate_schedule"), ("data", "mask_rate_end"),
+                   ("data", "eval_mask_rate"), ("train", "batch_size"), ("train", "num_steps"))
+# What runs saved before a field existed trained with (the masking rate was always 15%).
+FIELD_DEFAULTS = {("data", "mask_rate"): 0.15, ("data", "mask_rate_schedule"): "constant",
+                  ("data", "mask_rate_end"): 0.15, ("data", "eval_mask_rate"): 0.15}
 
 
 @dataclasses.dataclass
@@ -51,8 +55,16 @@ class Run:
             for key, value in sorted(self.config.get(section, {}).items()):
                 out[f"{section}.{key}"] = value
         for section, key in COMPARED_FIELDS:
-            out[f"{section}.{key}"] = self.config.get(section, {}).get(key)
+            out[f"{section}.{key}"] = self.config.get(section, {}).get(key, FIELD_DEFAULTS.get((section, key)))
         return out
+
+    def mask_rate(self) -> str:
+        """The training masking rate as the run table shows it: '0.15', or '0.3 → 0.15 linear'."""
+        settings = self.settings()
+        start, schedule = settings["data.mask_rate"], settings["data.mask_rate_schedule"]
+        if schedule == "constant":
+            return f"{start:g}"
+        return f"{start:g} → {settings['data.mask_rate_end']:g} {schedule}"
 
 
 def _read_json(path: str):

@@ -159,8 +159,9 @@ def vocabulary_for(metadata: CheckpointMetadata, checkpoint: str, vocab_size: in
 class MetricWriter:
     """Scalars to stdout, TensorBoard and `metrics.jsonl`, from process 0 only.
 
-    The JSON-lines file is the machine-readable record (one object per logged step); a
-    resumed run appends to it, so a step logged twice keeps its last value when read.
+    The JSON-lines file is the machine-readable record (one object per write: the training
+    scalars of a logged step, the validation scalars of a validated step); a resumed run
+    appends to it, so a scalar logged twice for a step keeps its last value when read.
     TensorBoard's event files are written through TensorFlow; where it is not installed (a
     JAX-only accelerator image training from pre-masked batches) the run still logs to
     stdout and `metrics.jsonl` on local disk, and says once that it writes no event files.
@@ -235,7 +236,8 @@ def _format(name: str, value: float) -> str:
 
 
 def read_metrics_file(path: str) -> dict[int, dict]:
-    """step -> the last record logged for it (a resumed run re-logs the steps it redid); {} when
+    """step -> every scalar logged for it, one dict (training and validation are lines of their
+    own; a resumed run re-logs the steps it redid, and the last value of a scalar wins); {} when
     the file does not exist. A line that is not a record is a UserInputError naming it."""
     if not storage.gfile.exists(path):
         return {}
@@ -245,7 +247,7 @@ def read_metrics_file(path: str) -> dict[int, dict]:
     for number, line in enumerate(lines, start=1):
         if line.strip():
             row = parse_metrics_line(line, f"{path}:{number}")
-            rows[row["step"]] = row
+            rows.setdefault(row["step"], {}).update(row)
     return rows
 
 

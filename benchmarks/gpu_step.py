@@ -1,0 +1,507 @@
+"""BERT's training step on one accelerator, variant by variant, in one command of under ten minutes.
+
+    python benchmarks/gpu_step.py --output gpu_step/                  # the GPU plan (about 9 minutes on an H100)
+    python benchmarks/gpu_step.py --output /tmp/dry --platform cpu    # a tiny dry run of the same code on CPU
+
+Each variant is the trainer's own jitted step (`pmi_jax.train.build_program`: MLM loss on the
+gathered masked positions, backward, clipping, AdamW) on a synthetic batch
+(`pmi_jax.batches.SyntheticBatches`: a random padded tail per sequence, 15% of the words masked), run in
+a process of its own, so that XLA flags can differ between variants and an out-of-memory
+variant cannot spoil the next. Per variant it records: compile time, the median step time of
+at least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops
+after `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16
+peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention and embedding
+gradient the program was settled to, and for the variants marked `profile` a kernel-time
+profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
+`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (see
+`categorise`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
+(outputs and gradients; `attention_check`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
+whole command fits 9 minutes of a 10-minute machine call); those left out are recorded as
+skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
+
+Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
+not installed (the test runs it with them unimportable). Where TensorFlow is installed,
+`pmi_jax.storage` imports it for its file system; each record lists such modules under
+`forbidden_modules`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+VOCAB_SIZE = 30_522
+CATEGORIES = ("matmul", "attention", "scatter", "elementwise", "optimizer", "other")
+_CONTROL = ("while", "conditional", "call")  # their time is that of the kernels they run, counted there
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    size: str = "base"
+    seq_len: int = 512
+    batch_per_device: int = 32
+    overrides: tuple = ()
+    xla_flags: tuple = ()
+    profile: bool = False
+
+
+PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py)
+NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
+
+CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
+
+# Priority order: what is cut when the budget runs out comes last.
+GPU_PLAN = (
+    CHECK,
+    Variant("base-512-paper", overrides=PAPER, profile=True),
+    Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
+    Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
+    Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
+    Variant("base-512-paper-b64", batch_per_device=64),
+    Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
+    Variant("large-512-paper", size="large", profile=True),
+    Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT),
+    Variant("base-128-paper-b128", seq_len=128, batch_per_device=128),
+    Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT),
+    Variant("base-512-paper-b128", batch_per_device=128),
+    Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
+    Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
+    Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
+    Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
+    Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
+)
+
+# The CPU dry run: the same code paths on a model small enough for a test.
+_TINY = ("model.vocab_size=512", "model.max_position_embeddings=64")
+CPU_PLAN = (
+    CHECK,
+    Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
+    Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
+            overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh"),
+            xla_flags=("--xla_cpu_enable_fast_math=false",)),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Kernel profile
+# --------------------------------------------------------------------------------------
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\((.*)$")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_FRAME = re.compile(r"stack_frame_id=(\d+)")
+
+
+def _hlo_tables(hlo_text: str):
+    """The compiled module's stack-frame tables: frame id -> (file, function, parent frame id)."""
+    files, functions, locations, frames = {}, {}, {}, {}
+    section = None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+            continue
+        m = re.match(r"^(\d+) (.*)$", line)
+        if not section or not m:
+            continue
+        key, value = int(m.group(1)), m.group(2)
+        if section == "FileNames":
+            files[key] = value.strip('"')
+        elif section == "FunctionNames":
+            functions[key] = value.strip('"')
+        elif section == "FileLocations":
+            f = re.search(r"file_name_id=(\d+) function_name_id=(\d+)", value)
+            if f:
+                locations[key] = (int(f.group(1)), int(f.group(2)))
+        else:
+            f = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", value)
+            if f:
+                frames[key] = (int(f.group(1)), int(f.group(2)))
+
+    def stack(frame_id: int) -> list[tuple[str, str]]:
+        out, seen = [], set()
+        while frame_id in frames and frame_id not in seen:
+            seen.add(frame_id)
+            location, parent = frames[frame_id]
+            file_id, function_id = locations.get(location, (0, 0))
+            out.append((files.get(file_id, ""), functions.get(function_id, "")))
+            frame_id = parent
+        return out
+
+    return stack
+
+
+def categorise(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> kernel category, for every instruction of the compiled module.
+
+    matmul: dot/convolution instructions, fusions containing one, cuBLAS/cuDNN GEMM custom
+    calls (weight projections, the decoder; the attention's own batched products too when
+    they are written out, see below); attention: cuDNN's fused attention custom calls, and
+    the non-matmul work of `SelfAttention` (softmax, dropout, the padding bias), found from
+    the instruction's Python stack; scatter: scatters and fusions containing one (the
+    embedding gradient's scatter-add); optimizer: what optax's code emitted (AdamW, clipping,
+    the update); elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere,
+    reductions, the loss); other: copies, collectives, sorts and the rest; control: while
+    loops and calls, not counted (the kernels inside them are).
+    """
+    stack = _hlo_tables(hlo_text)
+    body: dict[str, list[str]] = {}  # computation -> [opcode, called computations..., custom-call targets]
+    instructions: dict[str, tuple[str, str, str]] = {}  # name -> (computation, opcode, rest of line)
+    current = None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m and " = " not in line:
+            current = m.group(1)
+            body.setdefault(current, [])
+            continue
+        m = _INSTRUCTION.match(line)
+        if m and current is not None:
+            name, opcode, rest = m.groups()
+            instructions[name] = (current, opcode, rest)
+            body[current].append(opcode)
+            body[current] += ["call:" + c for c in _CALLS.findall(rest)]
+            body[current] += ["target:" + t for t in _TARGET.findall(rest)]
+
+    def contains(computation: str, wanted: tuple[str, ...], seen=None) -> bool:
+        seen = seen if seen is not None else set()
+        if computation in seen:
+            return False
+        seen.add(computation)
+        for item in body.get(computation, ()):
+            if item in wanted or (item.startswith("target:") and _gemm_target(item[7:])):
+                return True
+            if item.startswith("call:") and contains(item[5:], wanted, seen):
+                return True
+        return False
+
+    out = {}
+    for name, (_, opcode, rest) in instructions.items():
+        targets = _TARGET.findall(rest)
+        called = _CALLS.findall(rest)
+        frame = _FRAME.search(rest)
+        frames = stack(int(frame.group(1))) if frame else []
+        functions = {f for _, f in frames}
+        if opcode in _CONTROL:
+            category = "control"
+        elif any(_attention_target(t) for t in targets):
+            category = "attention"
+        elif opcode == "scatter" or (opcode == "fusion" and any(contains(c, ("scatter",)) for c in called)):
+            category = "scatter"
+        elif any("/optax/" in f for f, _ in frames):
+            category = "optimizer"
+        elif (opcode in ("dot", "convolution") or any(_gemm_target(t) for t in targets)
+              or (opcode == "fusion" and any(contains(c, ("dot", "convolution")) for c in called))):
+            category = "matmul"
+        elif "SelfAttention.__call__" in functions and "HeadsProjection.__call__" not in functions:
+            category = "attention"
+        elif opcode == "fusion":
+            category = "elementwise"
+        else:
+            category = "other"
+        out[name] = category
+    return out
+
+
+def _gemm_target(target: str) -> bool:
+    return bool(re.search(r"gemm|cublas|matmul", target, re.I)) and not _attention_target(target)
+
+
+def _attention_target(target: str) -> bool:
+    return bool(re.search(r"fmha|flash|attention|sdpa", target, re.I))
+
+
+def profile_steps(run_step, steps: int, categories: dict[str, str], module: str) -> dict:
+    """Kernel milliseconds per step by category, from a jax.profiler trace of `steps` steps."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(steps):
+                run_step()
+        (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return kernel_times(events, categories, module, steps)
+
+
+def kernel_times(events: list, categories: dict[str, str], module: str, steps: int) -> dict:
+    """Sum the trace's kernel events of `module` per category (ms per step), with the top kernels.
+
+    On a GPU the device's kernel events are used (processes named /device:...); on a CPU the
+    host threads that run the XLA ops. An event is attributed by its `hlo_op` argument (or its
+    name) through `categories`; kernels of unknown ops fall back to their names.
+    """
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in str(e.get("args", {}).get("name", ""))}
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    per_op: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") != "X" or (devices and e.get("pid") not in devices):
+            continue
+        args = e.get("args") or {}
+        if args.get("hlo_module") and not str(args["hlo_module"]).startswith(module):
+            continue
+        op = args.get("hlo_op") or e.get("name", "")
+        if not args.get("hlo_op") and not devices:
+            continue  # host-side bookkeeping on CPU
+        category = categories.get(op) or _category_from_kernel_name(e.get("name", ""))
+        if category == "control":
+            continue
+        ms = float(e.get("dur", 0.0)) / 1e3 / steps
+        totals[category] += ms
+        per_op[f"{op} ({category})"] = per_op.get(f"{op} ({category})", 0.0) + ms
+    top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
+    return {"ms_per_step": {k: round(v, 3) for k, v in totals.items()},
+            "kernel_ms_per_step": round(sum(totals.values()), 3),
+            "top_ops": [{"op": k, "ms": round(v, 3)} for k, v in top]}
+
+
+def _category_from_kernel_name(name: str) -> str:
+    if _attention_target(name):
+        return "attention"
+    if re.search(r"gemm|cutlass|xmma|nvjet|cublas|matmul", name, re.I):
+        return "matmul"
+    if "scatter" in name.lower():
+        return "scatter"
+    return "other"
+
+
+# --------------------------------------------------------------------------------------
+# cuDNN against XLA
+# --------------------------------------------------------------------------------------
+
+
+def attention_check(platform: str | None) -> dict:
+    """cuDNN's fused attention against the XLA path on BERT-base's shapes, values and gradients.
+
+    bf16 q, k, v of [8, 512, 12, 64] with padded tails given as key lengths. On a GPU it
+    compares implementation="cudnn" with "xla"; elsewhere (the CPU dry run) the XLA path with
+    lengths against XLA with the boolean mask, so the same code runs. Errors are relative to
+    the largest reference value, in float32.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    b, length, h, k = (8, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
+    q, kk, v = jax.random.normal(jax.random.key(0), (3, b, length, h, k), jnp.float32).astype(jnp.bfloat16)
+    lengths_B = jnp.asarray(np.linspace(length // 4, length, b).astype(np.int32))
+    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32)
+    keys = (jnp.arange(length)[None, :] < lengths_B[:, None])[:, None, None, :]
+
+    def loss(q, kk, v, form):
+        if form == "cudnn":
+            out = jax.nn.dot_product_attention(q, kk, v, key_value_seq_lengths=lengths_B, implementation="cudnn")
+        elif form == "lengths":
+            out = jax.nn.dot_product_attention(q, kk, v, key_value_seq_lengths=lengths_B, implementation="xla")
+        else:
+            out = jax.nn.dot_product_attention(q, kk, v, mask=keys, implementation="xla")
+        return jnp.sum(out.astype(jnp.float32) * g), out
+
+    def run(form):
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True),
+                                  static_argnums=3)(q, kk, v, form)
+        return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    tested, reference = run("cudnn" if on_gpu else "lengths"), run("mask")
+    errors = {}
+    for name, a, r in zip(("output", "dq", "dk", "dv"), tested, reference):
+        errors[name] = float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), 1e-30))
+    return {"variant": "attention-check", "compared": "cudnn vs xla" if on_gpu else "xla lengths vs xla mask",
+            "shape": [b, length, h, k], "max_error_relative_to_max": errors,
+            "agree_within_bf16": all(e < 2e-2 for e in errors.values())}
+
+
+# --------------------------------------------------------------------------------------
+# One variant (in its own process)
+# --------------------------------------------------------------------------------------
+
+
+def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> dict:
+    import jax
+
+    from pmi_jax import flops, partitioning, train
+    from pmi_jax.batches import SyntheticBatches
+    from pmi_jax.config import apply_overrides, load_config
+    from pmi_jax.model import for_platform
+
+    devices = jax.devices(platform) if platform else jax.devices()
+    n = len(devices)
+    config = apply_overrides(load_config(variant.size), [
+        f"model.vocab_size={VOCAB_SIZE}", f"data.seq_len={variant.seq_len}",
+        f"train.batch_size={variant.batch_per_device * n}", "model.dtype=bfloat16",
+        "mesh.data=-1", "mesh.fsdp=1", "mesh.model=1", *variant.overrides])
+    if config.model.max_position_embeddings < variant.seq_len:
+        config = apply_overrides(config, [f"model.max_position_embeddings={variant.seq_len}"])
+    settled = for_platform(config.model, devices[0].platform)
+    record = {"variant": variant.name, "size": variant.size, "seq_len": variant.seq_len,
+              "batch_per_device": variant.batch_per_device, "devices": n, "device_kind": devices[0].device_kind,
+              "overrides": list(variant.overrides), "xla_flags": list(variant.xla_flags),
+              "attention": settled.attention if settled.attention_dropout_rate == 0 else "written out (dropout)",
+              "embedding_grad": settled.embedding_grad, "jax": jax.__version__}
+    mesh = partitioning.make_mesh(config.mesh, devices)
+    with partitioning.activate(mesh, config.mesh):
+        program = train.build_program(config, mesh)
+        host_batch = SyntheticBatches(config.model.vocab_size, variant.seq_len, config.train.batch_size,
+                                            ).global_batch(0)
+        batch = partitioning.global_batch_from_host(host_batch, mesh, config.train.batch_size)
+        state = program.init()
+        start = time.perf_counter()
+        compiled = program.step.lower(state, batch).compile()
+        record["compile_s"] = round(time.perf_counter() - start, 1)
+        memory = compiled.memory_analysis()
+        if memory is not None:
+            record["compiled_temp_gib"] = round(memory.temp_size_in_bytes / 2**30, 3)
+            record["compiled_argument_gib"] = round(memory.argument_size_in_bytes / 2**30, 3)
+        box = {"state": state}
+
+        def run_step():
+            box["state"], out = compiled(box["state"], batch)
+            jax.block_until_ready(out)
+
+        run_step()  # warm-up
+        times, deadline = [], time.perf_counter() + timed_s
+        while len(times) < steps and (len(times) < 3 or time.perf_counter() < deadline):
+            t = time.perf_counter()
+            run_step()
+            times.append(time.perf_counter() - t)
+        if variant.profile:
+            try:  # a profiler that does not start (no CUPTI, say) must not cost the timings
+                record["profile"] = profile_steps(run_step, 3, categorise(compiled.as_text()), "jit_train_step")
+            except Exception as e:  # noqa: BLE001
+                record["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    stats = devices[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        record["peak_memory_gib"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
+    step_s = statistics.median(times)
+    tokens_per_s = config.train.batch_size * variant.seq_len / step_s
+    flops_per_token = flops.training_flops_per_token(config.model, variant.seq_len)
+    peak = flops.device_peak_flops(devices[0].device_kind)
+    utilisation = flops.mfu(flops_per_token, tokens_per_s, n, peak)
+    record.update(timed_steps=len(times), ms_per_step=round(1e3 * step_s, 2),
+                  ms_min=round(1e3 * min(times), 2), ms_max=round(1e3 * max(times), 2),
+                  tokens_per_s=round(tokens_per_s), tflops_per_device=round(flops_per_token * tokens_per_s / n / 1e12, 2),
+                  peak_tflops=peak / 1e12 if peak else None,
+                  mfu=round(utilisation, 4) if utilisation is not None else None,
+                  forbidden_modules=sorted({m.split(".")[0] for m in sys.modules
+                                            if m.split(".")[0] in ("tensorflow", "seqio", "tensorflow_text")}))
+    return record
+
+
+# --------------------------------------------------------------------------------------
+# The plan (parent process)
+# --------------------------------------------------------------------------------------
+
+
+def _child(variant: Variant, args, timeout: float) -> dict:
+    # The child imports what this process can: the project, then this process's own path (and,
+    # started with -S, no site-packages beyond it).
+    path = [ROOT] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
+    if variant.xla_flags:
+        env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""), *variant.xla_flags]).strip()
+    if args.platform:
+        env["JAX_PLATFORMS"] = args.platform
+    cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), os.path.abspath(__file__), "--one", json.dumps(dataclasses.asdict(variant)),
+           "--steps", str(args.steps), "--timed-s", str(args.timed_s), "--platform", args.platform or ""]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-400:]
+        return {"variant": variant.name, "error": f"timed out after {timeout:.0f} s",
+                "stderr_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        reason = next((line for line in reversed(proc.stderr.splitlines())
+                       if "RESOURCE_EXHAUSTED" in line or "Error" in line), "")
+        return {"variant": variant.name, "error": f"exit {proc.returncode}: {reason[:300]}",
+                "stderr_tail": proc.stderr[-1500:], "wall_s": round(time.perf_counter() - start, 1)}
+    record = json.loads(lines[-1])
+    record["wall_s"] = round(time.perf_counter() - start, 1)
+    return record
+
+
+def _write(path: str, payload: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _line(r: dict) -> str:
+    if "error" in r or "skipped" in r:
+        return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
+    if r["variant"] == CHECK.name:
+        errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
+        return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
+    mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "  n/a"
+    memory = r.get("peak_memory_gib", r.get("compiled_temp_gib"))
+    text = (f"{r['variant']:<30} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10} {mfu:>6} {memory:>8.2f} "
+            f"{r['compile_s']:>7.1f}  {r['attention']}, embedding {r['embedding_grad']}")
+    if "profile" in r:
+        p = r["profile"]["ms_per_step"]
+        text += "\n" + " " * 32 + "kernels ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in p.items())
+    return text
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", help="directory for gpu_step.json")
+    parser.add_argument("--platform", default=None, help="JAX platform (cpu for the dry run; default: the default)")
+    parser.add_argument("--variants", nargs="*", default=None, help="names from the plan (default: all, in order)")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for all variants")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (at least 3 are run)")
+    parser.add_argument("--timed-s", type=float, default=15.0, help="stop timing a variant after this long")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: run this variant, print JSON
+    args = parser.parse_args(argv)
+    if args.one:
+        variant = Variant(**json.loads(args.one))
+        if variant.name == CHECK.name:
+            print(json.dumps(attention_check(args.platform or None)))
+        else:
+            print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None)))
+        return
+    if not args.output:
+        parser.error("--output is required")
+    plan = CPU_PLAN if args.platform == "cpu" else GPU_PLAN
+    if args.variants:
+        known = {v.name: v for v in CPU_PLAN + GPU_PLAN}
+        unknown = [n for n in args.variants if n not in known]
+        if unknown:
+            parser.error(f"unknown variants {unknown}; the plan: {', '.join(v.name for v in plan)}")
+        plan = tuple(known[n] for n in args.variants)
+    os.makedirs(args.output, exist_ok=True)
+    path = os.path.join(args.output, "gpu_step.json")
+    deadline = time.perf_counter() + args.budget_s
+    results = []
+    print(f"{'variant':<30} {'ms/step':>9} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>8} {'compile':>7}", flush=True)
+    for variant in plan:
+        left = deadline - time.perf_counter()
+        if left < 20:
+            record = {"variant": variant.name, "skipped": "budget spent"}
+        else:
+            record = _child(variant, args, left)
+        results.append(record)
+        print(_line(record), flush=True)
+        _write(path, {"budget_s": args.budget_s, "results": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

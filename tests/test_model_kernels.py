@@ -1,0 +1,198 @@
+"""The model's platform-dependent kernels: which attention and embedding gradient each platform
+gets, and that every alternative computes the reference's values and gradients."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pmi_jax.errors import UserInputError
+from pmi_jax.model import (BertEmbeddings, BertForMaskedLM, ModelConfig, attention_implementation,
+                           cudnn_attention_applies, for_platform)
+
+CONFIG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                     max_position_embeddings=40, attention_dropout_rate=0.0, dtype="bfloat16", vocab_multiple=1)
+
+
+def _inputs(batch=3, length=12, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([length, length - 4, 5])[:batch]
+    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
+    # Frequent ids (a few repeated many times) as in text: where the scatter serialises.
+    ids = rng.choice([5, 6, 7, *range(8, 97)], p=[0.2, 0.2, 0.1] + [0.5 / 89] * 89, size=(batch, length))
+    return jnp.asarray(ids * mask, jnp.int32), jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("platform, dtype, dropout, heads, expected", [
+    ("gpu", "bfloat16", 0.0, 4, "cudnn"),      # BERT without attention dropout, bf16: the fused kernel
+    ("cuda", "bfloat16", 0.0, 4, "cudnn"),
+    ("gpu", "float32", 0.0, 4, "xla"),         # cuDNN's flash attention takes 16-bit inputs only
+    ("gpu", "bfloat16", 0.1, 4, "xla"),        # the paper's attention dropout: written out
+    ("gpu", "bfloat16", 0.0, 1, "xla"),        # head dim 32 // 1 = 32 is fine, see below
+    ("tpu", "bfloat16", 0.0, 4, "xla"),
+    ("cpu", "bfloat16", 0.0, 4, "xla"),
+])
+def test_attention_is_settled_by_the_programs_platform(platform, dtype, dropout, heads, expected):
+    config = dataclasses.replace(CONFIG, dtype=dtype, attention_dropout_rate=dropout, num_heads=heads)
+    if heads == 1:
+        expected = "cudnn"  # head dim 32: a multiple of 8, at most 128
+    assert for_platform(config, platform).attention == expected
+    assert cudnn_attention_applies(config, platform) == (expected == "cudnn")
+
+
+def test_cudnn_is_not_chosen_for_head_dims_it_does_not_take():
+    wide = dataclasses.replace(CONFIG, hidden_size=512, num_heads=2, intermediate_size=64)  # head dim 256
+    assert for_platform(wide, "gpu").attention == "xla"
+    odd = dataclasses.replace(CONFIG, hidden_size=36, num_heads=3)  # head dim 12
+    assert for_platform(odd, "gpu").attention == "xla"
+
+
+def test_explicit_choices_are_kept_and_impossible_ones_refused():
+    for choice in ("xla", "cudnn"):
+        assert for_platform(dataclasses.replace(CONFIG, attention=choice), "tpu").attention == choice
+    for choice in ("scatter", "sorted"):
+        assert for_platform(dataclasses.replace(CONFIG, embedding_grad=choice), "gpu").embedding_grad == choice
+    assert for_platform(CONFIG, "gpu").embedding_grad == "sorted"
+    assert for_platform(CONFIG, "tpu").embedding_grad == "scatter"
+    assert for_platform(CONFIG, "cpu").embedding_grad == "scatter"
+    with pytest.raises(UserInputError, match="attention_dropout_rate=0"):
+        dataclasses.replace(CONFIG, attention="cudnn", attention_dropout_rate=0.1)
+    with pytest.raises(UserInputError, match="dtype=bfloat16"):
+        dataclasses.replace(CONFIG, attention="cudnn", dtype="float32")
+    with pytest.raises(UserInputError, match="model.attention='flash'"):
+        dataclasses.replace(CONFIG, attention="flash")
+    with pytest.raises(UserInputError, match="model.embedding_grad='atomic'"):
+        dataclasses.replace(CONFIG, embedding_grad="atomic")
+
+
+def test_unsettled_auto_follows_the_default_backend():
+    assert attention_implementation(CONFIG) == for_platform(CONFIG, jax.default_backend()).attention
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the route on a machine without cuDNN")
+def test_the_cudnn_setting_reaches_cudnns_kernel():
+    """attention=cudnn really calls cuDNN's implementation: traced here, without a GPU, JAX's cuDNN
+    attention refuses for want of cuDNN, where the XLA setting computes."""
+    ids, mask = _inputs()
+    model = BertForMaskedLM(dataclasses.replace(CONFIG, attention="cudnn"))
+    with pytest.raises(RuntimeError, match="cuDNN"):
+        model.init(jax.random.key(0), ids, mask, deterministic=True)
+    BertForMaskedLM(dataclasses.replace(CONFIG, attention="xla")).init(jax.random.key(0), ids, mask,
+                                                                       deterministic=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_sequence_lengths_give_the_boolean_masks_outputs_and_gradients(dtype):
+    """The XLA path with padding as key lengths computes what it computes with the boolean key mask,
+    at every position (padding queries included), values and gradients."""
+    b, length, h, k = 3, 16, 4, 8
+    qkv = jax.random.normal(jax.random.key(1), (3, b, length, h, k), jnp.float32).astype(dtype)
+    lengths_B = jnp.array([16, 9, 3], jnp.int32)
+    keys_Bx1x1xL = (jnp.arange(length)[None, :] < lengths_B[:, None])[:, None, None, :]
+    g = jax.random.normal(jax.random.key(2), (b, length, h, k), jnp.float32)
+
+    def loss(q, kk, v, form):
+        kwargs = {"key_value_seq_lengths": lengths_B} if form == "lengths" else {"mask": keys_Bx1x1xL}
+        out = jax.nn.dot_product_attention(q, kk, v, implementation="xla", **kwargs)
+        return jnp.sum(out.astype(jnp.float32) * g), out
+
+    (_, out_lengths), grads_lengths = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*qkv, "lengths")
+    (_, out_mask), grads_mask = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*qkv, "mask")
+    np.testing.assert_array_equal(np.asarray(out_lengths, np.float32), np.asarray(out_mask, np.float32))
+    for a, r in zip(grads_lengths, grads_mask):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(r, np.float32))
+    # The padding keys' gradients are zero: they take no part.
+    assert not np.any(np.asarray(grads_lengths[1], np.float32)[2, 3:])
+
+
+def test_model_without_attention_dropout_matches_the_written_out_attention_in_gradients():
+    """The model's dot_product_attention path (lengths, XLA) and its written-out path (additive
+    bias, dropout off) give the same loss gradients, in float32."""
+    config = dataclasses.replace(CONFIG, dtype="float32", attention="xla", dropout_rate=0.0)
+    ids, mask = _inputs()
+    model = BertForMaskedLM(config)
+    params = nn.unbox(model.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    explicit = BertForMaskedLM(dataclasses.replace(config, attention="auto", attention_dropout_rate=1e-30))
+    real = np.asarray(mask, np.float32)
+
+    def loss(p, m):
+        logits = m.apply({"params": p}, ids, mask, deterministic=True)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
+        return jnp.sum(nll * real)
+
+    g_fused, g_explicit = jax.grad(loss)(params, model), jax.grad(loss)(params, explicit)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-6), g_fused, g_explicit)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sorted_embedding_gradient_equals_the_scatter(dtype):
+    """embedding_grad=sorted: the same embeddings as the gather, and the table gradient of the
+    scatter-add (float32: to summation order; bfloat16: at least as close to an exact float64 sum,
+    since the sorted sum accumulates in float32)."""
+    config = dataclasses.replace(CONFIG, dtype=dtype, dropout_rate=0.0)
+    ids, _ = _inputs(length=40)
+    types = jnp.zeros_like(ids)
+    g_BxLxD = jax.random.normal(jax.random.key(2), (*ids.shape, config.hidden_size))
+    module = BertEmbeddings(dataclasses.replace(config, embedding_grad="scatter"))
+    params = nn.unbox(module.init(jax.random.key(0), ids, types, deterministic=True))["params"]
+
+    def run(choice):
+        m = BertEmbeddings(dataclasses.replace(config, embedding_grad=choice))
+
+        def loss(p):
+            out = m.apply({"params": p}, ids, types, deterministic=True)
+            return jnp.sum(out.astype(jnp.float32) * g_BxLxD), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        return np.asarray(out, np.float32), np.asarray(grads["word"]["embedding"], np.float64)
+
+    out_scatter, grad_scatter = run("scatter")
+    out_sorted, grad_sorted = run("sorted")
+    np.testing.assert_array_equal(out_sorted, out_scatter)
+    assert np.any(grad_sorted != 0) and not np.any(grad_sorted[np.setdiff1d(np.arange(97), np.asarray(ids))])
+    if dtype == "float32":
+        np.testing.assert_allclose(grad_sorted, grad_scatter, rtol=1e-5, atol=1e-6)
+    else:
+        exact = _exact_word_gradient(module, params, ids, types, g_BxLxD)
+        err_sorted = np.linalg.norm(grad_sorted - exact) / np.linalg.norm(exact)
+        err_scatter = np.linalg.norm(grad_scatter - exact) / np.linalg.norm(exact)
+        assert err_sorted <= err_scatter + 1e-6, (err_sorted, err_scatter)
+        assert err_sorted < 1e-2
+
+
+def _exact_word_gradient(module, params, ids, types, g_BxLxD):
+    """Float64 sum, per vocabulary row, of the per-token gradients of the embeddings' output
+    (the gradient with respect to each token's looked-up row, computed in the module's dtype)."""
+    def per_token(rows_BxLxD):
+        def body(mm):
+            x = (rows_BxLxD + mm.position(jnp.arange(ids.shape[1])[None, :])
+                 + jax.nn.one_hot(types, 2, dtype=rows_BxLxD.dtype) @ mm.token_type.embedding.astype(rows_BxLxD.dtype))
+            return mm.layer_norm(x)
+        return jnp.sum(module.apply({"params": params}, method=body).astype(jnp.float32) * g_BxLxD)
+
+    dtype = jnp.dtype(module.config.dtype)
+    rows = params["word"]["embedding"].astype(dtype)[ids]
+    g_rows = np.asarray(jax.grad(per_token)(rows), np.float64).reshape(-1, rows.shape[-1])
+    exact = np.zeros(params["word"]["embedding"].shape, np.float64)
+    np.add.at(exact, np.asarray(ids).reshape(-1), g_rows)
+    return exact
+
+
+def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
+    config = dataclasses.replace(CONFIG, dtype="float32", dropout_rate=0.0, attention="xla")
+    ids, mask = _inputs()
+    model = BertForMaskedLM(config)
+    params = nn.unbox(model.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    fused = BertForMaskedLM(dataclasses.replace(config, fused_qkv=True))
+    fused_params = nn.unbox(fused.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    assert jax.tree.structure(fused_params) == jax.tree.structure(params)  # same tree, same checkpoints
+
+    def loss(p, m):
+        return jnp.sum(m.apply({"params": p}, ids, mask, deterministic=True) * np.asarray(mask)[..., None])
+
+    np.testing.assert_allclose(fused.apply({"params": params}, ids, mask, deterministic=True),
+                               model.apply({"params": params}, ids, mask, deterministic=True), rtol=1e-5, atol=1e-5)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-6),
+                 jax.grad(loss)(params, fused), jax.grad(loss)(params, model))
