@@ -217,17 +217,19 @@ def _append(path, data: bytes):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda run: _append(run / "tensorboard" / "metrics.jsonl", b'{"step": 3, "loss": "abc"}\n'),
-     'metrics.jsonl:3: loss is "abc", not a number'),
+     'metrics.jsonl:{line}: loss is "abc", not a number'),
     (lambda run: _append(run / "tensorboard" / "metrics.jsonl", b"\x00\xff\xfe binary\n"),
-     "metrics.jsonl:3: not a metrics line"),
+     "metrics.jsonl:{line}: not a metrics line"),
     (lambda run: _append(run / "tensorboard" / "metrics.jsonl", b'{"step": "3", "loss": 1.0}\n'),
-     "metrics.jsonl:3: not a metrics line (a JSON object with an integer step)"),
+     "metrics.jsonl:{line}: not a metrics line (a JSON object with an integer step)"),
     (lambda run: (run / "eval" / "perplexity-validation-step2.json").write_text('{"perplexity": "12", "step": 2}'),
      'perplexity-validation-step2.json: not an `eval perplexity` result (perplexity is "12", expected a number)'),
     (lambda run: (run / "eval" / "perplexity-validation-step2.json").write_bytes(b"\xff\xfe\x00binary"),
      "perplexity-validation-step2.json: not JSON"),
 ])
 def test_compare_checks_every_field_it_reads(run_copy, tmp_path, capsys, damage, message):
+    line = len((run_copy / "tensorboard" / "metrics.jsonl").read_bytes().splitlines()) + 1  # the appended one
+    message = message.replace("{line}", str(line))
     damage(run_copy)
     before = _tree_digest(run_copy)
     _one_line_error(capsys, main(["compare", str(run_copy), "--output", str(tmp_path / "report")]), message)
