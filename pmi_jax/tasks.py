@@ -162,7 +162,8 @@ class PreparedCorpusSource(seqio.DataSource):
         """Records this host reads per epoch (counted by reading its files)."""
         files = self.corpus.files(split)
         file_ids, record_shard = self._host_files(split, shard_info)
-        total = _count_records([files[i] for i in file_ids])
+        with prepared_corpus.reading(self.corpus.data_dir):
+            total = _count_records([files[i] for i in file_ids])
         if record_shard is None:
             return total
         return len(range(record_shard.index, total, record_shard.num_shards))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shlex
 import signal
 import time
 from typing import Any, Callable
@@ -250,7 +251,8 @@ class _Preemption:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: checkpointing after the current step")
+        if not self.requested:  # a SIGTERM to the process group may arrive twice (pmi_jax/cli/quiet.py)
+            logging.warning("SIGTERM received: checkpointing after the current step")
         self.requested = True
 
     def reached(self, step: int) -> bool:
@@ -389,7 +391,7 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
             checkpointer.close()
             writer.close()
     if is_main:
-        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
+        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {shlex.quote(logdir)})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
 
 

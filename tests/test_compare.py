@@ -145,7 +145,7 @@ def test_scheme_colours_agree_across_plots():
     (lambda runs, tmp: [str(tmp / "nothing"), "--output", str(tmp / "r")], "no such run directory"),
     (lambda runs, tmp: [str(tmp), "--output", str(tmp / "r")], "no checkpoints/ directory"),
     (lambda runs, tmp: [runs["token"], runs["token"], "--output", str(tmp / "r")], "a run is named twice"),
-    (lambda runs, tmp: [runs["token"], "--output", runs["pmi"]], "already exists (pass --overwrite"),
+    (lambda runs, tmp: [runs["token"], "--output", runs["pmi"]], "holds the training run"),  # never replaced
 ])
 def test_input_errors_are_one_line_and_write_nothing(runs, tmp_path, capsys, make_args, message):
     assert main(["compare", *make_args(runs, tmp_path)]) == 2

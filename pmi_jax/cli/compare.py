@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
 
     quiet.quiet_checkpoint_reads()
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=[("RUN_DIR", r) for r in args.runs])
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     perplexity = perplexity_tables.perplexity_tables(runs, args.split)
     tables = [*perplexity, *report.finetune_tables(runs)]
     tables += paper_tables.tables(runs, released)  # the paper's Tables 2, 3, 8 and 6-7, beside the summary above
-    with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         names = [n for n in [plots.mlm_loss(runs, tmp), plots.validation_loss(runs, tmp)] if n]
         names += plots.perplexity(perplexity, tmp)
         names += plots.downstream(runs, tmp)

@@ -70,6 +70,7 @@ def _examples(args: argparse.Namespace):
 
     from pmi_jax import tasks
     from pmi_jax.errors import UserInputError
+    from pmi_jax.formats import prepared_corpus
 
     from pmi_jax.config import mask_rate_units
 
@@ -82,9 +83,10 @@ def _examples(args: argparse.Namespace):
     ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)
 
     def unpadded(examples):  # task examples are padded to the corpus's seq_len with [PAD] = 0
-        for ex in examples:
-            length = int((ex["targets"] != 0).sum())
-            yield {k: v[:length] if v.ndim else v for k, v in ex.items()}
+        with prepared_corpus.reading(args.data):  # a shard whose bytes changed is named
+            for ex in examples:
+                length = int((ex["targets"] != 0).sum())
+                yield {k: v[:length] if v.ndim else v for k, v in ex.items()}
 
     return task.output_features["inputs"].vocabulary, unpadded(ds.take(args.num).as_numpy_iterator())
 
@@ -101,10 +103,10 @@ def run_dump(args: argparse.Namespace) -> int:
     from pmi_jax import storage
 
     _absolute_paths(args)
-    storage.check_new_output(args.output, args.overwrite)
+    storage.check_new_output(args.output, args.overwrite, inputs=[("--data", args.data)])
     _, examples = _examples(args)
     count = 0
-    with storage.atomic_file(args.output) as f:
+    with storage.write_errors(args.output), storage.atomic_file(args.output) as f:
         for ex in examples:
             record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units", "word_ids")}
             record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})

@@ -202,6 +202,12 @@ def _absolute_paths(args: argparse.Namespace) -> None:
     paths.make_absolute(args, "checkpoint", "hf_model", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(option, path) of every input the command reads: no output may hold one."""
+    return [(f"--{name.replace('_', '-')}", getattr(args, name, None))
+            for name in ("checkpoint", "data", "vocab", "test_data", "tfds_data_dir")]
+
+
 def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
     """The checkpoint directories --checkpoint and --steps name, in step order."""
     from pmi_jax.eval.run_eval import checkpoint_paths
@@ -221,7 +227,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
-        storage.check_new_output(args.output, args.overwrite)
+        storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
     request = PerplexityRequest(data=args.data, split=args.split, units=tuple(dict.fromkeys(args.unit or ["token"])),
                                 positions=positions, seed=args.seed, max_sequences=args.max_sequences,
@@ -288,7 +294,8 @@ def run_finetune(args: argparse.Namespace) -> int:
             raise UserInputError("--hf-model: pass --output (a released model has no run directory to write into)")
     request = FinetuneRequest(task=task, settings=settings, read_examples=lambda split: _read_examples(task, args, split),
                               data_label=args.data or f"tfds:{args.tfds}", test_data=args.test_data, vocab=args.vocab,
-                              output=args.output, overwrite=args.overwrite, hf_model=args.hf_model)
+                              output=args.output, overwrite=args.overwrite, hf_model=args.hf_model,
+                              inputs=tuple(_inputs(args)))
     paths = [args.hf_model] if args.hf_model else _checkpoints(args.checkpoint, args.steps)
     for result, output in finetune_checkpoints(paths, request):
         best = result["best"]

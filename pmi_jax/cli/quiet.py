@@ -19,6 +19,7 @@ Two sources, two filters:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -105,6 +106,14 @@ def _filter_loop(read_fd: int, write_fd: int) -> None:
         _write_all(write_fd, held)
 
 
+def _pass_on(command: int, signum: int, frame) -> None:
+    """In the filter process: send a signal it received to the command it filters for."""
+    try:
+        os.kill(command, signum)
+    except OSError:  # the command has ended: nothing to stop
+        pass
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -122,13 +131,18 @@ class StderrFilter:
     def __init__(self):
         sys.stderr.flush()
         read_fd, write_fd = os.pipe()
+        command = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
-            # Ctrl-C and SIGTERM reach the whole process group; the command may handle them (a
-            # checkpoint on SIGTERM) and still have things to say. The filter ends at EOF, when
-            # the command and its children have closed the pipe.
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_IGN)
+            # Ctrl-C reaches the whole process group; the command handles it and may still have
+            # things to say, so the filter outlives it and ends at EOF, when the command and its
+            # children have closed the pipe. The filter runs under the command's own command
+            # line, so `pkill -n pmi-jax` or a scheduler may send SIGTERM or SIGHUP to it alone:
+            # it passes them on to the command (which checkpoints on SIGTERM, and treats a
+            # second one sent to the whole group as the same request).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, functools.partial(_pass_on, command))
             os.close(write_fd)
             try:
                 _filter_loop(read_fd, 2)

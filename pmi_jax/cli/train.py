@@ -115,10 +115,14 @@ def run(args) -> int:
         raise UserInputError("--topology goes with --compile-only (a real run uses the devices it finds)")
     if not args.workdir:
         raise UserInputError("--workdir is required (the run directory)")
+    from pmi_jax import storage
+
+    storage.check_writable_directory(args.workdir, f"--workdir {args.workdir}")
     distributed = experiment.Distributed(args.coordinator_address, args.num_processes, args.process_id)
     try:
-        result = experiment.pretrain(spec, args.workdir, distributed,
-                                     progress=not args.no_progress and sys.stderr.isatty())
+        with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
+            result = experiment.pretrain(spec, args.workdir, distributed,
+                                         progress=not args.no_progress and sys.stderr.isatty())
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

@@ -99,9 +99,10 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
-    for features in dataset.as_numpy_iterator():
-        ids = features[prepared_corpus.INPUT_IDS]
-        yield (ids, features[feature]) if feature else ids
+    with prepared_corpus.reading(data_dir):  # a shard whose bytes changed is named
+        for features in dataset.as_numpy_iterator():
+            ids = features[prepared_corpus.INPUT_IDS]
+            yield (ids, features[feature]) if feature else ids
 
 
 def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):

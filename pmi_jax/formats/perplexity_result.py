@@ -54,16 +54,36 @@ def write(path: str, result: dict) -> None:
         f.write(json.dumps(result, separators=(",", ":")) + "\n")
 
 
-def read(path: str) -> dict:
-    """The result, `unit` filled in for older files, `scores` decoded (None when absent)."""
+# The fields readers use, with their types: `compare` tabulates them, `export hf --perplexity`
+# quotes them in the model card; a string or binary bytes there would surface as a traceback.
+FIELDS = {"step": int, "split": str, "unit": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
+          "num_sequences": int}
+
+
+def read(path: str, option: str = "") -> dict:
+    """The result, `unit` filled in for older files, `scores` decoded (None when absent); its
+    fields and their types checked, a one-line error naming `option` and `path` otherwise."""
+    name = f"{option} {path}".strip()
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{name}: no such file")
     try:
         with storage.gfile.GFile(path, "rb") as f:
             result = json.loads(f.read().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{path}: not JSON ({e})") from None
+        raise UserInputError(f"{name}: not JSON ({e})") from None
     if not isinstance(result, dict) or "perplexity" not in result or "step" not in result:
-        raise UserInputError(f"{path}: not an `eval perplexity` result (no perplexity or step)")
+        raise UserInputError(f"{name}: not an `eval perplexity` result (no perplexity or step)")
     result.setdefault("unit", TOKEN_UNIT)
     result.setdefault("split", "validation")
+    for field, kind in FIELDS.items():
+        value = result.get(field)
+        if kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
+        if not ok:
+            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
+            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
+                                 f"{json.dumps(value)[:40]}, expected {expected})")
     result["scores"] = decode_scores(result["scores"], path) if result.get("scores") else None
     return result

@@ -144,7 +144,10 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]],
             raise UserInputError(f"--units {name}={source}: {e}") from None
         if name in loaded:
             raise UserInputError(f"--units {name}=...: the name {name} is given twice")
-        ngrams = [tuple(g) for g in load_ngrams(source)]
+        try:
+            ngrams = [tuple(g) for g in load_ngrams(source)]
+        except UserInputError as e:
+            raise UserInputError(f"--units {name}={source}: {e}") from None
         if storage.gfile.isdir(source):
             built = read_stats(source).get("tokenizer", {}).get("words_sha256")
             ours = tokenizer.words_sha256 if tokenizer is not None else None
@@ -313,6 +316,7 @@ class ShardWriter:
             stats["words"] = self.words
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
+            stats["sha256"] = storage.file_sha256(tmp)
             write_json(progress_path(ctx.output, task), stats)
             storage.gfile.rename(tmp, path, overwrite=True)
         finally:

@@ -27,19 +27,17 @@ import contextvars
 import gzip
 import io
 import json
-import os
 import zlib
 from typing import Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
+from pmi_jax import storage
+from pmi_jax.formats import text as plain_text
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
 DEFAULT_TEXT_FIELD = "text"
 _ROWS_PER_READ = 1024  # rows of a Parquet or Arrow file decoded at a time: bounded memory on any file
-# A file with more than this fraction of its bytes in invalid UTF-8 sequences is not text: random
-# bytes have about 43%, text in a Latin-1 language read as UTF-8 a few percent.
-MAX_INVALID_FRACTION = 0.25
 _TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
 
 
@@ -119,25 +117,14 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
-def is_inside(path: str, directory: str) -> bool:
-    """Whether `path` is `directory` or lies under it (local paths resolved, URLs compared as text)."""
-    if "://" in path or "://" in directory:
-        path, directory = path.rstrip("/"), directory.rstrip("/")
-    else:
-        path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
 def check_output_apart(inputs: Sequence[str], files: Sequence[str], output: str) -> None:
     """Refuse an --output inside an --input directory (a later run would read it as input) or
     one that holds an input file (replacing the output would delete it)."""
     for pattern in inputs:
-        if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and is_inside(output, pattern):
+        if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and storage.is_inside(output, pattern):
             raise UserInputError(f"--output {output}: lies inside --input {pattern}, so a later run would read "
                                  "this output as input; write it elsewhere")
-    for path in files:
-        if is_inside(path, output):
-            raise UserInputError(f"--output {output}: holds the input file {path}; write it elsewhere")
+    storage.check_output_apart(output, [("--input", path) for path in files])
 
 
 class _GFileReader(io.RawIOBase):
@@ -175,24 +162,6 @@ def _open_binary(path: str) -> Iterator[io.BufferedIOBase]:
         yield gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
 
 
-def _decode(raw: bytes) -> tuple[str, int]:
-    """UTF-8 bytes -> (text with U+FFFD for each invalid sequence, number of invalid bytes)."""
-    try:
-        return raw.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        pass
-    parts, invalid, start = [], 0, 0
-    while True:
-        try:
-            parts.append(raw[start:].decode("utf-8"))
-            return "".join(parts), invalid
-        except UnicodeDecodeError as e:
-            parts.append(raw[start:start + e.start].decode("utf-8"))
-            parts.append("\ufffd")
-            invalid += e.end - e.start
-            start += e.end
-
-
 def _lines(path: str) -> Iterator[str]:
     """The lines of a file as text, split on "\n", "\r\n" and "\r" (Python's universal newlines).
 
@@ -202,18 +171,18 @@ def _lines(path: str) -> Iterator[str]:
     total = invalid = 0
     try:
         with _open_binary(path) as f:
+            plain_text.check_not_wide(f"--input {path}", f.peek(plain_text.SNIFF_BYTES))
             for raw in f:
-                text, bad = _decode(raw)
+                decoded, bad = plain_text.decode(raw)
                 total += len(raw)
                 invalid += bad
-                if "\r" in text:
-                    yield from text.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
+                if "\r" in decoded:
+                    yield from decoded.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
                 else:
-                    yield text
+                    yield decoded
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserInputError(f"--input {path}: not a readable gzip file ({e or type(e).__name__})") from None
-    if invalid > MAX_INVALID_FRACTION * total:
-        raise UserInputError(f"--input {path}: not UTF-8 text ({invalid} of its {total} bytes are not valid UTF-8)")
+    plain_text.check_mostly_valid(f"--input {path}", invalid, total)
     tally = _TALLY.get()
     if invalid and tally is not None:
         tally[path] = tally.get(path, 0) + invalid
