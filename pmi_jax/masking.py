@@ -210,7 +210,8 @@ def scheme_units(scheme: str, features: Mapping[str, tf.Tensor], key_Bx2: tf.Ten
         return span_units(word_ids, key_Bx2)
     if scheme in PREPARED_UNIT_FEATURES:
         return tf.cast(features[PREPARED_UNIT_FEATURES[scheme]], tf.int32)
-    raise ValueError(f"unknown masking scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    # Internal guard: callers validate names with config.check_scheme, the one user-facing check.
+    raise ValueError(f"scheme {scheme!r} is not in config.SCHEMES")
 
 
 def greedy_fill(sizes_BxN: tf.Tensor, budget_B: tf.Tensor) -> tf.Tensor:
