@@ -195,6 +195,25 @@ def test_the_perplexity_table_names_its_test_set(runs, tmp_path):
     assert "scored on different corpora" not in report
 
 
+def test_compare_split_shows_another_scored_split(runs, tmp_path):
+    """`compare --split train`: the tables of a second scored split (e.g. an out-of-domain test corpus)."""
+    import shutil
+
+    copies = []
+    for name in ("token", "pmi"):
+        copy = str(tmp_path / name)
+        shutil.copytree(runs[name], copy)
+        assert main(["eval", "perplexity", "--checkpoint", copy, "--steps", "4", "--split", "train",
+                     "--positions", "3"]) == 0
+        copies.append(copy)
+    (tmp_path / "default").mkdir()
+    (tmp_path / "train").mkdir()
+    default, train = _report(tmp_path / "default", *copies), _report(tmp_path / "train", *copies, "--split", "train")
+    assert "perplexity on the validation split" in default and "on the train split" not in default
+    assert "Single-token perplexity on the train split of `" in train and "validation split" not in train
+    assert "| step 4 |" in train and "| step 2 |" not in train  # only step 4 was scored on train
+
+
 def test_a_released_models_results_sit_beside_the_runs(runs, tmp_path, capsys):
     """`compare --released DIR`: an `eval finetune --hf-model` output (no step) in the paper's Table 3 shape."""
     released = tmp_path / "bert-base-uncased-rte"
