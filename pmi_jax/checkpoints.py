@@ -1,22 +1,11 @@
 """Orbax checkpoints of a training run, and loading one for evaluation.
 
-Layout under `--workdir` (local or gs://):
-
-    checkpoints/<step>/state      params, opt_state, step, rng  (sharded arrays, OCDBT)
-    checkpoints/<step>/metadata   JSON: experiment config, model config, data position,
-                                  data_dir, scheme, vocab_size, vocab_sha256
-    tensorboard/                  event files and metrics.jsonl (pmi_jax.formats.run_dir)
-
-Orbax writes each step into a temporary directory and renames it when complete, so a
-killed job never leaves a half-written checkpoint that a restart would pick up. Every
-process calls `save` and `restore` (each writes/reads its own shards).
-
-A complete checkpoint can still be damaged afterwards (a disk error, a truncated copy). A
-resumed run then falls back to the newest checkpoint that restores, and moves each one it
-skipped to `unreadable_checkpoints/<step>` (kept for inspection, out of Orbax's sight: a
-step directory left in place would stop the run when it reaches that step and saves it
-again); evaluation of a workdir falls back the same way without moving anything
-(docs/reliability.md, "Training, evaluation and data commands").
+Under `--workdir`: `checkpoints/<step>/state` (sharded arrays, OCDBT) and
+`checkpoints/<step>/metadata` (pmi_jax.formats.run_dir). Orbax renames a step's directory when
+complete, so a killed job leaves no half-written checkpoint; every process calls `save` and
+`restore`. A damaged checkpoint is skipped: training falls back to the newest one that restores
+and moves the skipped ones to `unreadable_checkpoints/<step>`, evaluation falls back without
+moving (docs/reliability.md; why moved: docs/design.md, "Module notes", checkpoints.py).
 """
 from __future__ import annotations
 

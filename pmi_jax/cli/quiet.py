@@ -1,21 +1,11 @@
 """What a command prints on stderr: its own messages and real warnings, not its libraries' start-up.
 
-TensorFlow, JAX and Orbax announce themselves on every start: TensorFlow's and XLA's C++ code
-logs that no CUDA driver was found (`cudart_stub.cc`, `failed call to cuInit ... (303)`, the
-latter as an error), JAX logs that it cannot start a TPU backend, Orbax warns when a handler is
-registered. None of it tells the user anything, and it buries the command's output.
-`pmi-jax --verbose` shows all of it.
-
-Two sources, two filters:
-  - Python logging (`configure_logging`): records of this project (`pmi_jax`, `preprocess`, the
-    root logger our modules use) from INFO up; every other library's from WARNING up, minus
-    the known start-up messages.
-  - C++ logging written straight to file descriptor 2, which no Python setting reaches and
-    which TensorFlow's C++ code prints before `TF_CPP_MIN_LOG_LEVEL` can apply
-    (`filter_stderr`): fd 2 becomes a pipe into a small forked process that drops INFO lines of
-    the C++ log format and the known start-up warnings, and passes everything else on at once.
-    A process of its own rather than a thread, so that a fatal error's last words still reach
-    the terminal when the command's process aborts.
+TensorFlow, JAX and Orbax announce themselves on every start (no CUDA driver, no TPU backend,
+handler registrations), which buries the command's output; `pmi-jax --verbose` shows it all.
+Two filters: `configure_logging` for Python logging (ours from INFO, other libraries from
+WARNING minus known start-up messages), and `filter_stderr` for C++ logging written straight to
+fd 2, piped through a small forked process (not a thread, so a fatal error's last words still
+reach the terminal). Details: docs/design.md, "Module notes", quiet.py.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""The contents of a `pmi-jax eval perplexity` result file (its name in the run directory:
+"""The contents of a `pmi-jax eval perplexity` result file (named by
 `pmi_jax.formats.run_dir.perplexity_result_path`).
 
-    {"unit": "token" | "word" | NAME, "split", "step", "scheme", "seed", "positions", ...,
-     "perplexity", "mean_nll", "num_tokens", "num_units", "num_sequences", "interval": {...},
-     "scored_set": sha256 of which tokens were scored,
-     "scores": {"sequence": [...], "count": [...], "position": [...], "unit": [...], "nll": [...]}}
-
-`scores` keeps every scored token's negative log-likelihood, so that `pmi-jax compare` can pair
-runs token by token: `sequence` and `count` run-length encode the sequence index of the
-`position`, `unit`, `nll` columns (one entry per scored token; a unit is named by its first
-position; NLLs in nats, rounded to 1e-6). `scored_set` is equal for every run scored on the same
-corpus, split, unit kind, seed and positions. Files from before units existed (no `unit`, no
-`scores`) read as unit `token` without scores.
+JSON: unit, split, step, scheme, seed, positions, perplexity, mean_nll, counts, `interval`,
+`scored_set` (sha256 of which tokens were scored: equal for every run scored on the same corpus,
+split, unit kind, seed and positions) and `scores`, every scored token's NLL (nats, rounded to
+1e-6) with its sequence (run-length encoded), position and unit, so `pmi-jax compare` can pair
+runs token by token. Files from before units read as unit `token` without scores. Field list:
+docs/design.md, "Module notes", perplexity_result.py.
 """
 from __future__ import annotations
 

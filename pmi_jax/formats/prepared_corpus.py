@@ -1,21 +1,12 @@
 """The prepared corpus on disk (docs/design.md, "Prepared corpus"): file names, feature names, metadata, record codec.
 
-A data directory holds
-  vocab.txt                                  the WordPiece vocabulary, id = line number
-  tokenizer.json                             only with `--tokenizer`: the Hugging Face tokenizer that
-                                             wrote the ids (vocab.txt lists its tokens by id)
-  {split}-{i:05d}-of-{n:05d}.tfrecord        split in ("train", "validation")
-  metadata.json                              written last: the run's record, with each shard's size
-Each record is a `tf.train.Example` for one packed sequence of T <= seq_len tokens, unpadded,
-every feature an int64 list of length T:
-  input_ids      [CLS] tok ... [SEP]  (a [SEP] also separates two documents inside a sequence)
-  word_ids       whole-word index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
-  units_<name>   masking-unit index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
-
-`PreparedCorpus` opens such a directory and checks that it is what its metadata says (every
-shard present with its recorded size, vocab.txt with its recorded hash); every reader opens
-corpora through it, and reads shards inside `reading`, which names a shard whose bytes changed
-(its sha256 differs from the one recorded). The writer is preprocess/corpus/prepare.py.
+A data directory holds vocab.txt, tokenizer.json (only with `--tokenizer`),
+`{split}-{i:05d}-of-{n:05d}.tfrecord` shards and metadata.json (written last). Each record is
+one unpadded packed sequence as a `tf.train.Example` of int64 lists: `input_ids`, `word_ids`
+and `units_<name>` (-1 on [CLS] and [SEP]). `PreparedCorpus` opens a directory and checks it
+against its metadata (shard sizes, vocab.txt's hash); every reader opens corpora through it and
+reads shards inside `reading`, which names a shard whose sha256 differs from the recorded one.
+The writer is preprocess/corpus/prepare.py.
 """
 from __future__ import annotations
 

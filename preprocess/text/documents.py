@@ -1,24 +1,11 @@
 """Input documents (docs/design.md, "Words and n-grams"): the one reader of corpus files.
 
 `vocab build`, `corpus prepare` and both Beam pipelines read documents only through this module.
-Formats, chosen by file name:
-  *.jsonl, *.json   one JSON object per line; the document is its `text_field` ("text").
-  *.parquet         one document per row: the string column `text_field`.
-  *.arrow           one document per row, likewise: Arrow IPC, the stream format that Hugging
-                    Face `datasets`' `save_to_disk` writes (the random-access file format too).
-  anything else     BERT pretraining text: documents separated by one or more blank lines,
-                    the lines inside a document joined with a single space.
-JSON lines and text may be gzip-compressed (`.gz`). A directory written by `save_to_disk`
-(state.json beside the .arrow files) stands for its Arrow files in the order state.json lists;
-its json side files are not documents. A `DatasetDict` directory (dataset_dict.json) is refused:
-name the split, `DIR/train`, so that a test split never slips into pretraining. Empty and null
-rows are skipped, as blank documents are in text files.
-
-A few bytes that are not valid UTF-8 in real text are replaced with U+FFFD rather than failing
-the job (and counted: `tally_replacements`); a file whose bytes are mostly not UTF-8 (a binary
-file, another encoding) is refused, as are a `.gz` that is not gzip, a JSON line or a column whose
-text field is not a string, and a Parquet or Arrow file that does not parse: each a one-line
-UserInputError naming the file.
+Formats by file name: JSON lines (.jsonl/.json), Parquet, Arrow (and `save_to_disk`
+directories; a DatasetDict is refused: name the split), else BERT pretraining text (documents
+separated by blank lines); JSON lines and text may be gzipped. Stray invalid UTF-8 becomes
+U+FFFD (counted); a file that is not what its name says is a one-line UserInputError naming it.
+Details: docs/design.md, "Module notes", documents.py.
 """
 from __future__ import annotations
 
