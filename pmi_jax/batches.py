@@ -92,13 +92,15 @@ class TaskBatches:
 
     def batches(self, start_step, shard_index, num_shards):
         from pmi_jax import masking, tasks
+        from pmi_jax.formats import prepared_corpus
 
         rate = masking.MaskRate(self.mask_rate, self.mask_rate_end, self.mask_rate_schedule, self.num_steps)
         dataset = tasks.get_dataset(self.data_dir, self.scheme, self.split, self.seq_len,
                                     self.batch_size // num_shards, self.seed, shard_index, num_shards, start_step,
                                     mask_rate=rate)
-        for batch in dataset.as_numpy_iterator():
-            yield {k: batch[k] for k in BATCH_KEYS}
+        with prepared_corpus.reading(self.data_dir):  # a shard whose bytes changed is named
+            for batch in dataset.as_numpy_iterator():
+                yield {k: batch[k] for k in BATCH_KEYS}
 
     def validation_batches(self, count, batch_size, shard_index, num_shards):
         """The first `count` batches of the validation split in file order (no shuffling), masked

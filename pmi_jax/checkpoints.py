@@ -1,22 +1,11 @@
 """Orbax checkpoints of a training run, and loading one for evaluation.
 
-Layout under `--workdir` (local or gs://):
-
-    checkpoints/<step>/state      params, opt_state, step, rng  (sharded arrays, OCDBT)
-    checkpoints/<step>/metadata   JSON: experiment config, model config, data position,
-                                  data_dir, scheme, vocab_size, vocab_sha256
-    tensorboard/                  event files and metrics.jsonl (pmi_jax.formats.run_dir)
-
-Orbax writes each step into a temporary directory and renames it when complete, so a
-killed job never leaves a half-written checkpoint that a restart would pick up. Every
-process calls `save` and `restore` (each writes/reads its own shards).
-
-A complete checkpoint can still be damaged afterwards (a disk error, a truncated copy). A
-resumed run then falls back to the newest checkpoint that restores, and moves each one it
-skipped to `unreadable_checkpoints/<step>` (kept for inspection, out of Orbax's sight: a
-step directory left in place would stop the run when it reaches that step and saves it
-again); evaluation of a workdir falls back the same way without moving anything
-(docs/reliability.md, "Training, evaluation and data commands").
+Under `--workdir`: `checkpoints/<step>/state` (sharded arrays, OCDBT) and
+`checkpoints/<step>/metadata` (pmi_jax.formats.run_dir). Orbax renames a step's directory when
+complete, so a killed job leaves no half-written checkpoint; every process calls `save` and
+`restore`. A damaged checkpoint is skipped: training falls back to the newest one that restores
+and moves the skipped ones to `unreadable_checkpoints/<step>`, evaluation falls back without
+moving (docs/reliability.md; why moved: docs/design.md, "Module notes", checkpoints.py).
 """
 from __future__ import annotations
 
@@ -72,6 +61,7 @@ class Checkpointer:
 
     def __init__(self, workdir: str, config: CheckpointConfig, *, read_only: bool = False):
         _no_replica_parallel_on_cpu()
+        _quiet_orbax()
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=not read_only,
                                                read_only=read_only, enable_async_checkpointing=True,
                                                cleanup_tmp_directories=not read_only)  # a killed save's leftovers
@@ -118,6 +108,49 @@ class Checkpointer:
         self._manager.close()
 
 
+# What Orbax says on every read-only CheckpointManager (ours read checkpoints, never write
+# them): not news to a user, and "read only" reads as a fault of a writable directory.
+_ORBAX_READ_ONLY_NARRATION = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+
+# A save that fails for want of space: the error reaches the command, which reports it in one
+# line (pmi_jax.storage.write_errors); Orbax's background threads log it first, with tracebacks.
+_WRITE_FAILURE = ("No space left on device", "[os_error_code='28']", "Read-only file system")
+
+
+class _DropOrbaxNarration(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(_ORBAX_READ_ONLY_NARRATION):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and any(text in str(error) for text in _WRITE_FAILURE))
+
+
+def _drop_abandoned_reads(unraisable, *, previous) -> None:
+    """sys.unraisablehook: drop what Orbax's abandoned reads raise after a restore failed.
+
+    A restore that fails on one array leaves the reads of the others as coroutines that no one
+    awaits; each later raises its own copy of the error (or "Event loop is closed") into
+    sys.unraisablehook, a traceback per array. The failure itself is already reported, once,
+    by the restore's exception (named in the fallback's warning), so these are dropped.
+    """
+    code = getattr(unraisable.object, "cr_code", None)
+    from_orbax = code is not None and "orbax" in code.co_filename
+    loop_closed = isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
+        unraisable.exc_value)
+    if not (from_orbax or loop_closed):
+        previous(unraisable)
+
+
+@functools.cache
+def _quiet_orbax() -> None:
+    """Once per process: the two filters above."""
+    import sys
+
+    logging.getLogger("absl").addFilter(_DropOrbaxNarration())
+    sys.unraisablehook = functools.partial(_drop_abandoned_reads, previous=sys.unraisablehook)
+
+
 @functools.cache
 def _no_replica_parallel_on_cpu() -> None:
     """Save replicated arrays from one replica when the devices are CPUs.
@@ -144,8 +177,12 @@ class Unreadable:
 
 
 def _reason(error: Exception) -> str:
+    """The first line of the innermost cause: Orbax wraps TensorStore's precise error ("Error
+    reading X ... not valid for value of size 10") in a generic one that prints a whole spec."""
+    while error.__cause__ is not None:
+        error = error.__cause__
     lines = str(error).strip().splitlines()
-    first = lines[0] if lines else ""
+    first = lines[0].split(" See full TensorStore details")[0] if lines else ""
     return f"{type(error).__name__}: {first[:200]}"
 
 
@@ -197,6 +234,9 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
                 f"--workdir {workdir}: checkpoint step {step} was trained on {_vocab_source(saved)} "
                 f"(sha256 {str(saved.vocab_sha256)[:12]}) but this run reads {now} "
                 f"(sha256 {str(vocab_sha256)[:12]}): another vocabulary; use the original corpus or a new workdir")
+        if not candidates and saved.get("data_dir") != data_dir:
+            logging.warning("--workdir %s: checkpoint step %d was trained on the corpus %s; this run continues on "
+                            "%s (same vocabulary)", workdir, step, saved.get("data_dir"), data_dir)
         candidates.append(step)
     checkpointer.close()
     return ResumePlan(workdir, tuple(candidates), tuple(unreadable))

@@ -1,19 +1,11 @@
 """Compile the training step for a TPU slice that is not here, and read the compiler's figures.
 
-With libtpu installed (the `tpu` extra), `jax.experimental.topologies` describes the devices
-of any TPU slice without one being attached; the exact program a slice would run (the same
-mesh, shardings and train step as `pmi_jax.train.train`, every host of a multi-host slice
-included) is then lowered from abstract inputs and compiled for those devices. Nothing runs
-and no data is read, so a config can be checked against a slice's memory before anyone pays
-for one. The figures are the compiler's: bytes per device from `memory_analysis()`, FLOPs
-and an estimated step time from `cost_analysis()`. The estimate is the compiler's cost
-model, not a measurement; where it is not a positive number (v5e returns a negative one with
-this libtpu) it is reported as unavailable. docs/tpu.md ("Compile-only") explains the output.
-
-Slices are named as Google names them (`v4-32`, `v5p-8`, `v5e-16`, `v6e-8`: TensorCores for
-v4 and v5p, chips for v5e and v6e) or as a topology (`v5p:2x2x2`). TPU v4 is compiled in
-megacore mode, one JAX device per chip, as TPU VMs run it; without that flag libtpu describes
-a v4 chip as two devices and the mesh would not match the slice a user rents.
+With libtpu installed, `jax.experimental.topologies` describes any TPU slice without one
+attached; the program the slice would run (same mesh, shardings and train step) is lowered from
+abstract inputs and compiled, nothing runs, and the compiler's memory, FLOPs and estimated step
+time are reported (the estimate is its cost model, not a measurement). Slices are named as
+Google names them (`v5p-8`) or as a topology (`v5p:2x2x2`). docs/tpu.md ("Compile-only")
+explains the output; details: docs/design.md, "Module notes", compile_only.py.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ before it pays for JAX.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -317,13 +318,32 @@ def load_config(name_or_path: str):
     path = config_path(name_or_path)
     spec = importlib.util.spec_from_file_location(f"pmi_jax_config_{os.path.basename(path)[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with _config_errors(name_or_path, path):
+        spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise UserInputError(f"--config {name_or_path}: {path} defines no get_config()")
-    try:
+    with _config_errors(name_or_path, path):
         return module.get_config()
+
+
+@contextlib.contextmanager
+def _config_errors(name: str, path: str):
+    """A config file that does not run (a syntax error, a bad import, an exception or an invalid
+    value in get_config()) is the user's input: one line with its file and line number."""
+    import traceback
+
+    try:
+        yield
     except UserInputError as e:
-        raise UserInputError(f"--config {name_or_path} ({path}): {e}") from None
+        raise UserInputError(f"--config {name} ({path}): {e}") from None
+    except SyntaxError as e:
+        raise UserInputError(f"--config {name}: {e.filename or path}:{e.lineno}: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the user's file
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f"{path}:{frames[-1].lineno}" if frames else path
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UserInputError(f"--config {name}: {where}: {type(e).__name__}: {first}") from None
 
 
 def check_trainable_seq_len(seq_len: int, option: str = "--seq-len") -> None:

@@ -1,31 +1,13 @@
 """Training FLOPs, device peaks and model FLOPs utilisation (MFU).
 
-FLOPs of one training token of BERT, counting a multiply-add as 2 FLOPs and only matmuls
-(embedding gathers, LayerNorm, softmax, GELU and the optimizer are ignored, as in
-Kaplan et al. 2020 and the PaLM appendix B definition of MFU). With N layers, width D,
-feed-forward F, sequence length T and vocabulary V, the forward pass per token costs
-
-    per layer   Q, K, V projections          3 * 2*D*D
-                attention output projection      2*D*D
-                feed-forward in and out      2 * 2*D*F
-                scores  q . k  (T keys)          2*T*D
-                weighted sum of values (T)       2*T*D
-    MLM head    transform                        2*D*D * P/T
-                tied decoder                     2*D*V * P/T
-
-The attention terms use all T keys for every query: BERT attention is bidirectional, so
-nothing is halved as it would be for a causal mask. The MLM head runs on P of the T
-positions of a sequence (the gathered masked positions, `ModelConfig.predictions`; P = T for
-the full head), and only the FLOPs the model computes are counted. V is the true vocabulary:
-the rows padded to `vocab_multiple` are computed but are not the model's work. Backward
-costs twice the forward, so
+Only matmuls count, a multiply-add as 2 FLOPs (Kaplan et al. 2020; PaLM appendix B's MFU):
 
     training FLOPs / token = 6 * (P_layers + (D*D + D*V) * P/T) + 12 * N * T * D,
     P_layers = N * (4*D*D + 2*D*F)
 
-(the parameter count of the matmul weights, i.e. everything but the position and
-token-type tables, biases and LayerNorms). MFU = achieved FLOPs/s divided by the summed
-bf16 dense peak of the devices in use.
+with N layers, width D, feed-forward F, length T, true vocabulary V, and P of the T positions
+through the MLM head. MFU = achieved FLOPs/s over the summed bf16 dense peak of the devices.
+The per-term derivation: docs/design.md, "Module notes", flops.py.
 """
 from __future__ import annotations
 

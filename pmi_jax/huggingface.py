@@ -14,6 +14,7 @@ vocabulary (the model may pad them for the accelerator); export keeps the first
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Mapping
 
@@ -91,20 +92,31 @@ def _to_theirs(x: np.ndarray, layout: str, vocab_size: int) -> np.ndarray:
     return x
 
 
-def _to_ours(y: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray:
-    """transformers' tensor in our layout and `shape` (vocabulary rows padded with zeros)."""
+def _their_shape(shape: tuple[int, ...], layout: str, vocab_size: int) -> tuple[int, ...]:
+    """The shape transformers stores for our parameter of `shape` (`_to_theirs` on shapes alone)."""
     if layout == "vocab_rows":
-        if y.shape[0] > shape[0] or y.shape[1:] != shape[1:]:
-            return y  # the caller reports the shape
+        return (vocab_size, *shape[1:])
+    if layout == "linear":
+        return tuple(reversed(shape))
+    if layout == "to_heads":
+        return (math.prod(shape[1:]), shape[0])
+    if layout == "heads_bias":
+        return (math.prod(shape),)
+    if layout == "from_heads":
+        return (shape[-1], math.prod(shape[:-1]))
+    return tuple(shape)
+
+
+def _to_ours(y: np.ndarray, layout: str, shape: tuple[int, ...]) -> np.ndarray:
+    """transformers' tensor (of `_their_shape`) in our layout and `shape` (vocabulary rows padded with zeros)."""
+    if layout == "vocab_rows":
         return np.concatenate([y, np.zeros((shape[0] - y.shape[0], *shape[1:]), y.dtype)])
     if layout == "linear":
         return y.T
     if layout in ("to_heads", "from_heads"):
-        if y.size != math.prod(shape):
-            return y
         return y.T.reshape(shape)
     if layout == "heads_bias":
-        return y.reshape(shape) if y.size == math.prod(shape) else y
+        return y.reshape(shape)
     return y
 
 
@@ -145,6 +157,10 @@ def to_transformers(params, config: ModelConfig, vocab_size: int) -> dict[str, n
     return tensors
 
 
+def _is_float(dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
+
+
 def _normalise_name(name: str) -> str:
     """Names of older checkpoints: LayerNorm gamma/beta (TensorFlow's) for weight/bias."""
     if ".LayerNorm." in name:
@@ -155,8 +171,11 @@ def _normalise_name(name: str) -> str:
 def from_transformers(tensors: Mapping[str, np.ndarray], config: ModelConfig, abstract_params, source: str):
     """Our params tree (float32 NumPy, shaped like `abstract_params`) from transformers' tensors.
 
-    Raises UserInputError naming `source` for a missing or unknown tensor, a wrong shape, or a
-    decoder that is not tied to the word embeddings.
+    Raises UserInputError naming `source` and the tensor for a missing or unknown tensor, a
+    shape other than config.json and the vocabulary (`config.vocab_size` rows) fix, a dtype
+    that is not floating point, or a decoder that is not tied to the word embeddings. Every
+    shape is checked exactly: a matrix of fewer vocabulary rows would otherwise be padded with
+    zeros, and a square matrix stored the other way round would load transposed.
     """
     tensors = {_normalise_name(k): v for k, v in tensors.items()}
     table = tensor_table(config.num_layers)
@@ -176,10 +195,15 @@ def from_transformers(tensors: Mapping[str, np.ndarray], config: ModelConfig, ab
     params: dict = {}
     for t in table:
         shape = tuple(_get(per_layer, t.path).shape)
-        value = _to_ours(np.asarray(tensors[t.name], np.float32), t.layout, shape)
-        if value.shape != shape:
-            raise UserInputError(f"{source}: {t.name} has shape {list(tensors[t.name].shape)}, which does not fit "
-                                 f"the model of config.json (our {'/'.join(t.path)} is {list(shape)})")
+        tensor = tensors[t.name]
+        expected = _their_shape(shape, t.layout, config.vocab_size)
+        if tuple(tensor.shape) != expected:
+            raise UserInputError(f"{source}: tensor {t.name} has shape {list(tensor.shape)}, but config.json and "
+                                 f"vocab.txt ({config.vocab_size} tokens) make it {list(expected)}")
+        if not _is_float(tensor.dtype):
+            raise UserInputError(f"{source}: tensor {t.name} has dtype {tensor.dtype}; BERT's weights are "
+                                 "floating point (float32, float16 or bfloat16)")
+        value = _to_ours(np.asarray(tensor, np.float32), t.layout, shape)
         node = params
         for key in t.path[:-1]:
             node = node.setdefault(key, {})
@@ -247,9 +271,19 @@ def model_fields(hf_config: dict, source: str) -> dict:
     for key, (field, default) in _CONFIG_FIELDS.items():
         if key not in hf_config and default is None:
             raise UserInputError(f"{source}: no {key!r}")
-        fields[field] = hf_config.get(key, default)
+        fields[field] = _checked_value(hf_config.get(key, default), key, default, source)
     fields["gelu"] = forms[0]
     return fields
+
+
+def _checked_value(value, key: str, default, source: str):
+    """A config.json number of the type its default has: a count is a positive integer, a rate a number."""
+    is_count = default is None or isinstance(default, int)
+    if is_count and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UserInputError(f"{source}: {key!r} is {json.dumps(value)}; expected a positive integer")
+    if not is_count and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        raise UserInputError(f"{source}: {key!r} is {json.dumps(value)}; expected a non-negative number")
+    return value
 
 
 def resolve_model_config(config: ModelConfig, fields: dict, overrides: list[str], config_name: str,

@@ -1,18 +1,10 @@
 """95% intervals for mean NLLs over scored text, and for differences between masking schemes.
 
-Two sources of uncertainty stand between a measured gap and "scheme A beats scheme B":
-  * the scored text: another held-out sample would give other numbers. We resample whole
-    sequences (tokens of one sequence are not independent), the same resampled sequences for
-    every run (a paired bootstrap: every run was scored on the same tokens), and take the
-    ratio mean (sum of NLLs / number of tokens) of each resample;
-  * the training seed: two runs of one scheme differ. With two or three seeds per scheme a
-    bootstrap over seeds cannot represent that spread (from two seeds it only ever sees their
-    range, and would call "every seed of A beats every seed of B" significant, which happens
-    by chance one time in three with no scheme effect). So the seed part is a t interval: the
-    within-scheme variance of the per-seed means, pooled over every scheme with two or more
-    seeds (df = sum of seeds - 1), added to the text bootstrap's variance, with the t quantile
-    at the Welch-Satterthwaite degrees of freedom of that sum (docs/experiments.md, "Intervals").
-Everything is deterministic: the bootstrap's generator is seeded.
+Two sources of uncertainty: the scored text (a paired bootstrap over whole sequences, the same
+resamples for every run) and the training seed (a t interval from the pooled within-scheme
+variance of per-seed means, added to the bootstrap's variance, Welch-Satterthwaite degrees of
+freedom; a bootstrap over two or three seeds cannot represent that spread). Deterministic: the
+bootstrap's generator is seeded. Why: docs/experiments.md, "Intervals".
 """
 from __future__ import annotations
 

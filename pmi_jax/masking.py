@@ -1,36 +1,12 @@
 """In-graph masking: pick masking units covering a share (15% by default) of a sequence, corrupt them.
 
-The contract: docs/design.md, "Masking schemes" and "Determinism".
-
-Every function here is pure TensorFlow on a batch of B sequences padded to a fixed length
-L (`input_ids` 0, the index features -1 on padding), usable inside a tf.data map function:
-no py_function and no Python loop over tokens or sequences. Working on whole batches makes
-the per-op cost of TensorFlow negligible; each row is still masked on its own, so a
-sequence's mask does not depend on which batch it lands in.
-
-Randomness is stateless and per sequence (pmi_jax/randomness.py): each row comes with the
-key of its example, a hash of (run seed, shard, position, epoch), and every draw is a hash
-of (key, stream, position). A mask is thus a pure function of the run seed, the example and
-the epoch.
-
-Masking takes three steps:
-  1. units    `scheme_units`: an int32 unit index per token, -1 on special tokens and
-              padding. random_token (each token), whole_word (`word_ids`), random_span
-              (`span_units`), and the PMI family frequency / naive_pmi / pmi (the prepared
-              `units_<name>` feature).
-  2. select   `select_units`: units in a uniformly random order, each taken if it still fits
-              the budget of floor(rate x the non-special tokens) (at least 1; rate 15% unless
-              data.mask_rate says otherwise, and per row: a rate schedule gives each example
-              its step's rate, `MaskRate`) and skipped if it would overflow it, so the budget
-              is never exceeded.
-  3. corrupt  one draw u ~ U(0, 1) per selected unit: u < 0.8 -> every token [MASK];
-              u < 0.9 -> every token an independent uniformly random non-special id; else
-              unchanged. Every selected token gets weight 1 whatever its fate.
-Steps 2 and 3 (`_mask_units`) run as one XLA computation: XLA fuses the dozens of
-element-wise passes (hashing, comparing, selecting) that TensorFlow runs as one CPU kernel
-each, which made masking 3x slower. The random order comes from draws with replacement
-(`_unit_codes`) rather than from sorting random priorities, since sorting (top_k, argsort)
-is slow on CPU in TensorFlow and slower still under XLA.
+The contract: docs/design.md, "Masking schemes" and "Determinism". Pure TensorFlow on a batch
+[B, L], usable in a tf.data map (no py_function, no Python loop over tokens); each row is masked
+on its own stateless key (pmi_jax/randomness.py), so a mask is a function of the run seed, the
+example and the epoch. Three steps: `scheme_units` (a unit index per token), `select_units`
+(units in random order, each taken if it still fits the budget) and BERT's 80/10/10
+corruption; steps 2 and 3 run as one XLA computation (`_mask_units`). Why: docs/design.md,
+"Module notes", masking.py.
 """
 from __future__ import annotations
 
@@ -210,7 +186,8 @@ def scheme_units(scheme: str, features: Mapping[str, tf.Tensor], key_Bx2: tf.Ten
         return span_units(word_ids, key_Bx2)
     if scheme in PREPARED_UNIT_FEATURES:
         return tf.cast(features[PREPARED_UNIT_FEATURES[scheme]], tf.int32)
-    raise ValueError(f"unknown masking scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    # Internal guard: callers validate names with config.check_scheme, the one user-facing check.
+    raise ValueError(f"scheme {scheme!r} is not in config.SCHEMES")
 
 
 def greedy_fill(sizes_BxN: tf.Tensor, budget_B: tf.Tensor) -> tf.Tensor:

@@ -1,35 +1,11 @@
 """BERT (Devlin et al. 2019) as a Flax module: post-LN encoder and a tied MLM head.
 
-Layout follows the original BERT so that its weights map one to one: word + learned
-position + token-type embeddings, LayerNorm, dropout; then per layer self-attention and a
-GELU feed-forward block, each wrapped as LayerNorm(x + dropout(block(x))) (post-LN). The
-MLM head is dense + GELU + LayerNorm, then a decoder tied to the word embeddings plus an
-output bias. There is no next-sentence head (the PMI-Masking paper trains MLM only).
-
-Two choices follow google-research/bert rather than a paper: parameters start from BERT's
-truncated normal (standard deviation 0.02 before truncation, cut at two standard
-deviations, as TF's `truncated_normal_initializer(0.02)`), and the MLM head runs only on the
-masked positions, gathered (at most `max_predictions` per sequence), so the [batch, length,
-vocabulary] logits of the full head never exist. The GELU is the exact (erf) one of
-transformers' BertModel, not the tanh approximation of BERT's own `modeling.py`: checkpoints
-are exported to transformers (hidden_act "gelu", the erf form), and with the same function
-on both sides an exported model gives the same numbers there. The two differ by at most
-4.7e-4 anywhere, far below what pretraining distinguishes.
-
-Layers run either as a Python loop (`encoder/layer_<i>` parameters, BERT's layout) or as one
-`nn.scan` over stacked parameters (`encoder/layers`, leading layer axis), optionally
-rematerialised; `stack_layers`/`unstack_layers` convert between the two layouts. The
-vocabulary is padded to `vocab_multiple` rows; the padded ids' logits are -inf.
-
-Some kernels depend on the platform the program is compiled for, with the same values and
-parameters everywhere: the attention without attention dropout (cuDNN's fused kernel on GPUs,
-XLA's elsewhere), the word-embedding gradient (sorted segment sum or scatter-add) and two
-XLA:CPU rewrites. `for_platform` settles them; docs/gpu.md has the table.
-
-Every parameter carries logical axis names (vocab, embed, heads, kv, mlp, position,
-token_type) and activations are constrained by (batch, length, embed, ...); the mapping to
-mesh axes is a config choice (`pmi_jax.partitioning`). Outside a mesh-rules context the
-constraints are no-ops, so the module also runs as plain Flax on one device.
+The layout is the original BERT's, so its weights map one to one; there is no next-sentence
+head (the PMI-Masking paper trains MLM only). The initialiser and the MLM head gathered at the
+masked positions follow google-research/bert; the GELU is transformers' exact (erf) one, so an
+exported model gives the same numbers there. Layers run as a loop or one `nn.scan`;
+`for_platform` settles platform-dependent kernels; every axis has a logical name
+(`pmi_jax.partitioning`). Why each choice: docs/design.md, "Module notes", model.py.
 
 Shape suffixes: B batch, L length, D hidden, H heads, K head dim, F feed-forward, V vocab.
 """

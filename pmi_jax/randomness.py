@@ -1,18 +1,11 @@
 """The input pipeline's randomness: keys, random bits, and the one list of random streams.
 
 Masks and the reading order are stateless functions of the run seed (docs/design.md,
-"Determinism"): nothing here has state, and TensorFlow's global seed plays no part. Every
-draw starts from a *key*, a hash of non-negative integer ids (`hash_keys`):
-
-  - a masked example's key hashes (seed, shard, position, epoch) (`example_keys`), so its mask
-    does not depend on which host reads it or which batch it lands in;
-  - the reading order's keys hash (seed, stream tag, epoch) (`order_key`), and a shuffle window's
-    key hashes that key with the window's index (`window_key`).
-
-From an example's key, `random_bits` hashes (key, stream tag, position) into 32 bits, so each
-of the streams in `Stream` is independent of the others and of the batch. The hash is the
-`lowbias32` integer mixer applied twice: ample for choosing masks, and every op stays batched,
-where tf.random.stateless_* would take one seed per op and so one op per sequence.
+"Determinism"). Every draw starts from a key, a hash of integer ids: an example's
+(seed, shard, position, epoch) (`example_keys`), the order's (seed, stream tag, epoch)
+(`order_key`, `window_key`). `random_bits` hashes (key, stream tag, position) into 32 bits, so
+the streams of `Stream` are independent and every op stays batched. Why this hash:
+docs/design.md, "Module notes", randomness.py.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import os
 import re
 import socket
 import uuid
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
 
@@ -79,8 +79,11 @@ def join(*parts: str) -> str:
 
 def file_sha256(path: str) -> str:
     """Hex SHA-256 of a file's bytes: how a vocab.txt is identified across prepare, train and eval."""
+    digest = hashlib.sha256()
     with gfile.GFile(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def is_local(path: str) -> bool:
@@ -102,18 +105,22 @@ def read_json_object(path: str, advice: str = "") -> dict:
     return value
 
 
-def temporary_sibling(path: str) -> str:
+def temporary_sibling(path: str, aside: bool = False) -> str:
     """A unique name next to `path`, so the final rename stays on one filesystem.
 
     `.NAME.tmp-<12 hex>-<pid>-<host>`: the owner in the name lets `sweep_temporaries` tell a
-    killed run's leftovers from a live run's work in progress.
+    killed run's leftovers from a live run's work in progress. `aside`: the name under which
+    `replace_directory` keeps the complete old output while the new one is renamed in
+    (`.NAME.tmp-aside-...`), which `restore_aside` puts back if that run died in between.
     """
     path = path.rstrip("/")
     parent, name = os.path.split(path)
-    return join(parent or ".", f".{name}.tmp-{uuid.uuid4().hex[:12]}-{os.getpid()}-{socket.gethostname()}")
+    kind = _ASIDE if aside else ""
+    return join(parent or ".", f".{name}.tmp-{kind}{uuid.uuid4().hex[:12]}-{os.getpid()}-{socket.gethostname()}")
 
 
-_OWNER = re.compile(r"\.tmp-[0-9a-f]{12}-(\d+)-(.+)$")
+_ASIDE = "aside-"
+_OWNER = re.compile(r"\.tmp-(?:aside-)?[0-9a-f]{12}-(\d+)-(.+)$")
 
 
 def _owner_alive(name: str, local: bool) -> bool:
@@ -137,8 +144,40 @@ def _owner_alive(name: str, local: bool) -> bool:
     return True
 
 
+def restore_aside(path: str) -> str | None:
+    """Put back the old output that a killed `--overwrite` had moved aside; return where it was.
+
+    `replace_directory` renames the old `path` aside, then the new one in: a kill between the
+    two renames leaves no `path` and the complete old output under `.NAME.tmp-aside-*`. The
+    next command that looks at `path` (every writer checks its output first) renames it back,
+    so the user finds the output they had, and says so on stderr.
+    """
+    import logging
+
+    path = path.rstrip("/")
+    parent, name = os.path.split(path)
+    parent = parent or "."
+    if gfile.exists(path) or not gfile.isdir(parent):
+        return None
+    prefix = f".{name}.tmp-{_ASIDE}"
+    asides = [join(parent, e.rstrip("/")) for e in gfile.listdir(parent)
+              if e.startswith(prefix) and not _owner_alive(e.rstrip("/"), is_local(path))]
+    if not asides:
+        return None
+    newest = max(asides, key=lambda a: gfile.stat(a).mtime_nsec)
+    gfile.rename(newest, path)
+    logging.warning("%s: restored the previous output from %s, where an interrupted --overwrite had moved it",
+                    path, newest)
+    return newest
+
+
 def sweep_temporaries(path: str) -> list[str]:
-    """Remove the `.NAME.tmp-*` siblings of `path` that killed runs left; return what was removed."""
+    """Remove the `.NAME.tmp-*` siblings of `path` that killed runs left; return what was removed.
+
+    An old output moved aside by a killed `--overwrite` is first put back (`restore_aside`),
+    never deleted while `path` is absent.
+    """
+    restore_aside(path)
     path = path.rstrip("/")
     parent, name = os.path.split(path)
     parent = parent or "."
@@ -167,15 +206,102 @@ def existing_output_error(path: str) -> UserInputError:
     return UserInputError(f"--output {path}: already exists (pass --overwrite to replace it)")
 
 
-def check_new_output(path: str, overwrite: bool, directory: bool = False) -> None:
+def is_inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies under it (local paths resolved, URLs compared as text)."""
+    if "://" in path or "://" in directory:
+        path, directory = path.rstrip("/"), directory.rstrip("/")
+    else:
+        path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+# What makes a directory a training run: `train` writes both (docs/design.md, "Run directory";
+# the names are pmi_jax/formats/run_dir.py's, repeated here because storage sits below formats/).
+RUN_RECORDS = ("checkpoints", "tensorboard")
+RUN_RESULTS = "eval"  # where `eval` files its results inside a run (one output per result)
+_RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
+
+
+def _is_run(directory: str) -> bool:
+    return gfile.isdir(join(directory, RUN_RECORDS[0])) or gfile.exists(join(directory, RUN_RECORDS[1],
+                                                                            "metrics.jsonl"))
+
+
+def _run_at_or_below(path: str) -> str | None:
+    """A training run that `path` is or holds, if any (the first found; the search is bounded)."""
+    if not gfile.isdir(path):
+        return None
+    for count, (directory, subdirs, _) in enumerate(gfile.walk(path)):
+        if _is_run(directory):
+            return directory.rstrip("/")
+        if count >= _RUN_SEARCH_LIMIT:
+            break
+    return None
+
+
+def _run_holding(path: str, folders: Sequence[str]) -> str | None:
+    """The run in one of whose `folders` (checkpoints/, eval/, ...) `path` lies, if any."""
+    path = path.rstrip("/") if not is_local(path) else os.path.abspath(path)
+    parent, name = os.path.split(path)
+    while parent and parent != path:
+        if name in folders and _is_run(parent):
+            return parent
+        path, (parent, name) = parent, os.path.split(parent)
+    return None
+
+
+def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = ()) -> None:
+    """The one rule for outputs: none may hold, or replace a file of, an input or a training run.
+
+    Writing an output replaces it (`--overwrite`, or a resumed run's sweep), so an output
+    directory that is or holds an input, or any run (its checkpoints, metrics, evaluations),
+    would destroy it; so would an output written over a file inside an input that is not a run
+    (a corpus's metadata.json), into a run's checkpoints/ or tensorboard/, or over a run's whole
+    eval/ folder. Inside a run, other outputs may be replaced: eval/<result> is where the
+    evaluation commands file (and refile) their results, and an export kept beside the
+    checkpoints is the user's own. `inputs` are (option, path) pairs such as ("--checkpoint",
+    "runs/a"); every command that writes calls this through `check_new_output`.
+    """
+    exists = gfile.exists(output)
+    for option, source in inputs:
+        if not source:
+            continue
+        if is_inside(source, output):
+            raise UserInputError(f"--output {output}: holds the input {option} {source}; write the output "
+                                 "elsewhere")
+        if exists and is_inside(output, source) and not _is_run(source):
+            raise UserInputError(f"--output {output}: would replace a file of the input {option} {source}; "
+                                 "write the output elsewhere")
+    run = _run_at_or_below(output)
+    if run is not None:
+        raise UserInputError(f"--output {output}: holds the training run {run}; write the output elsewhere")
+    run = _run_holding(output, RUN_RECORDS)
+    if run is not None:
+        raise UserInputError(f"--output {output}: lies inside the records of the training run {run}; write the "
+                             "output elsewhere")
+    parent, name = os.path.split(output.rstrip("/") if not is_local(output) else os.path.abspath(output))
+    if name == RUN_RESULTS and _is_run(parent):
+        raise UserInputError(f"--output {output}: is the results folder of the training run {parent}; write the "
+                             "output elsewhere")
+
+
+def check_new_output(path: str, overwrite: bool, directory: bool = False,
+                     inputs: Iterable[tuple[str, str | None]] = ()) -> None:
     """Refuse an --output that cannot be written, before any work starts.
 
     An existing output needs `overwrite`; a `directory` output may not be an existing file. A
     local file output needs its directory to exist; a directory output's missing parents are
     created when it is written, so no ancestor on the way may be a file. The place that will
     take the output must accept a new file: read-only filesystems and missing permissions are
-    found here, by creating and removing a probe file, not after the work.
+    found here, by creating and removing a probe file, not after the work. First of all, the
+    output may not hold an input or a run (`check_output_apart`).
     """
+    check_output_apart(path, inputs)
+    _check_writable(path, overwrite, directory)
+
+
+def _check_writable(path: str, overwrite: bool, directory: bool) -> None:
+    restore_aside(path)
     if gfile.exists(path):
         if directory and not gfile.isdir(path):
             raise UserInputError(f"--output {path}: is a file; name a directory")
@@ -201,24 +327,73 @@ def check_new_output(path: str, overwrite: bool, directory: bool = False) -> Non
         raise UserInputError(f"--output {path}: cannot write in {parent} ({e.strerror})") from None
 
 
+def check_writable_directory(path: str, what: str) -> None:
+    """Refuse a directory a command will write into (a run's --workdir, its eval/ folder) that is
+    a file, lies under a file, or takes no new file, before any work; `what` begins the message.
+
+    Unlike `check_new_output`, an existing directory is probed inside, where the files will go
+    (a read-only mount may be the directory itself).
+    """
+    if not is_local(path):
+        return
+    directory = os.path.abspath(path)
+    while not os.path.isdir(directory):
+        if os.path.exists(directory):
+            raise UserInputError(f"{what}: {directory} is a file; name a directory")
+        directory = os.path.dirname(directory)
+    probe = temporary_sibling(os.path.join(directory, "probe"))
+    try:
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise UserInputError(f"{what}: cannot write in {directory} ({e.strerror})") from None
+
+
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 @contextlib.contextmanager
-def write_errors(output: str) -> Iterator[None]:
+def write_errors(output: str, option: str = "--output") -> Iterator[None]:
     """Turn a failed write (full disk, read-only filesystem, no permission) into a one-line error.
 
     The atomic writers have removed their temporaries by the time this sees the error, so
-    nothing half-written is left; the message names the output and the system's reason.
+    nothing half-written is left; the message names the output, the file that failed and the
+    system's reason, with the space left where the disk is full. TensorStore (Orbax's
+    checkpoint writer) reports a full disk as a ValueError "RESOURCE_EXHAUSTED: Failed
+    writing: "PATH" ... [os_error_code='28']", which is read the same way.
     """
     try:
         yield
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
-        raise UserInputError(f"--output {output}: cannot write {e.filename or output} ({e.strerror})") from None
+        raise UserInputError(f"{option} {output}: cannot write {e.filename or output} ({e.strerror}"
+                             f"{_free_space(output) if e.errno == errno.ENOSPC else ''})") from None
     except _TF_WRITE_ERRORS as e:
-        raise UserInputError(f"--output {output}: cannot write ({e.message})") from None
+        raise UserInputError(f"{option} {output}: cannot write ({e.message})") from None
+    except ValueError as e:
+        match = _TENSORSTORE_WRITE_FAILURE.search(str(e))
+        if match is None:
+            raise
+        reason = os.strerror(int(match.group(2)))
+        raise UserInputError(f"{option} {output}: cannot write {match.group(1)} ({reason}"
+                             f"{_free_space(output) if int(match.group(2)) == errno.ENOSPC else ''})") from None
+
+
+_TENSORSTORE_WRITE_FAILURE = re.compile(r"Failed writing: \"([^\"]+)\".*\[os_error_code='(\d+)'\]", re.DOTALL)
+
+
+def _free_space(path: str) -> str:
+    """"; N MiB free on the disk of `path`" for a full-disk message (empty for URLs)."""
+    import shutil
+
+    if not is_local(path):
+        return ""
+    directory = os.path.abspath(path)
+    while not os.path.isdir(directory):
+        directory = os.path.dirname(directory)
+    return f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free on {directory}'s disk"
 
 
 @contextlib.contextmanager
@@ -260,7 +435,7 @@ def replace_directory(new: str, path: str, overwrite: bool) -> None:
     if gfile.exists(path):
         if not overwrite:
             raise FileExistsError(path)
-        aside = temporary_sibling(path)
+        aside = temporary_sibling(path, aside=True)
         gfile.rename(path, aside)
     try:
         gfile.rename(new, path)

@@ -1,45 +1,11 @@
-"""seqio Tasks for the six masking schemes over a prepared corpus, and the training input pipeline
-built on them (docs/design.md, "Masking schemes" and "Determinism").
+"""seqio Tasks for the six masking schemes over a prepared corpus, and the trainer's input pipeline.
 
-    names = register_corpus("wiki", data_dir)      # ["wiki_random_token", ..., "wiki_pmi"]
-    task = seqio.get_mixture_or_task("wiki_pmi")
-    ds = task.get_dataset({"inputs": 512}, split="train", seed=0, num_epochs=None)
-    # examples: inputs, targets, units, word_ids int32 [L]; weights float32 [L]; L = the corpus's
-    # seq_len, padded past the sequence's end with [PAD] = 0 (units and word_ids -1, weights 0);
-    # shard, position, epoch
-
-    ds = get_dataset(data_dir, "pmi", "train", seq_len=512, batch_size=32, seed=0,
-                     shard_index=jax.process_index(), num_shards=jax.process_count(),
-                     start_step=step)
-    # batches: inputs, targets, input_mask int32 [B, L]; weights float32 [B, L]; padded with 0
-
-`get_dataset` is what the trainer uses: the task's examples through `MlmFeatureConverter`,
-batched. `batch_size` is this host's batch; the stream is infinite unless `num_epochs` is
-given, and `start_step` resumes exactly where a run that had consumed `start_step` batches
-stopped.
-
-Determinism. An example is identified by (shard, position): the index of its file in the
-split's file list and its record index in that file, fixed when the corpus is prepared. Its
-mask is a function of (seed, shard, position, epoch) only (`randomness.example_keys`), whatever
-host reads it and wherever it lands in a batch. The order is a function of the seed too;
-epoch e of one host is:
-  1. the host's files: every num_shards-th file from shard_index (with fewer files than
-     hosts, every file, and every num_shards-th record below), in a random order drawn
-     from (seed, e);
-  2. their records interleaved record by record, up to 16 files at a time;
-  3. shuffled inside consecutive windows of `shuffle_buffer_size` records, each window's
-     permutation drawn from (seed, e, window) (stateless, so TensorFlow's global seed
-     plays no part);
-  4. parsed and masked, `MASK_BATCH` records at a time (every op works on a whole batch;
-     each row is masked on its own key, so batching changes no mask), each at the masking
-     rate of the training step its batch feeds (`masking.MaskRate`; the step is the record's
-     place in the host's stream divided by the host's batch size, so a resumed run, which
-     starts the stream at start_step * batch_size, gives every record the same step).
-Resuming at `start_step` starts at epoch (start_step * batch_size) // N and skips the rest
-of that product modulo N as raw records (read, never parsed or masked), where N is the
-number of records the host reads per epoch, counted from its files when resuming.
-Without shuffling (`shuffle=False`: evaluation, `data dump`) files are read one after the
-other in order.
+`register_corpus(name, data_dir)` registers a Task `{name}_{scheme}` per scheme the corpus
+supports. `get_dataset` is what the trainer reads: the task's examples through
+`MlmFeatureConverter`, batched (this host's batch), infinite unless `num_epochs` is given, and
+resumed exactly at `start_step`. Masks and the reading order are functions of (seed, shard,
+position, epoch) only, whatever host reads an example or batch holds it (docs/design.md,
+"Masking schemes", "Determinism"; an epoch's reading order: "Module notes", tasks.py).
 """
 from __future__ import annotations
 
@@ -162,7 +128,8 @@ class PreparedCorpusSource(seqio.DataSource):
         """Records this host reads per epoch (counted by reading its files)."""
         files = self.corpus.files(split)
         file_ids, record_shard = self._host_files(split, shard_info)
-        total = _count_records([files[i] for i in file_ids])
+        with prepared_corpus.reading(self.corpus.data_dir):
+            total = _count_records([files[i] for i in file_ids])
         if record_shard is None:
             return total
         return len(range(record_shard.index, total, record_shard.num_shards))

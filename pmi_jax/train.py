@@ -1,23 +1,17 @@
 """The pretraining loop: sharded BERT MLM steps, checkpoints, metrics, preemption.
 
-Batches come from `pmi_jax.batches`, the loss from `pmi_jax.mlm_loss`; the run directory's
-names and records from `pmi_jax.formats.run_dir`.
-
-One optimizer step consumes one global batch of `train.batch_size` sequences; with
-gradient accumulation that batch is split into `grad_accum_steps` micro-batches scanned
-inside the same jitted step. So step s always reads batch s: the data position saved in a
-checkpoint is the step, and the dropout key of step s is fold_in(rng, s). Together they
-make a resumed run repeat an uninterrupted one exactly.
-
-Every process runs this same function. Each feeds the rows of the global batch held by
-its own devices (`partitioning.host_batch_rows`) and the global array is assembled with
-`jax.make_array_from_process_local_data`; only process 0 writes metrics.
+Batches come from `pmi_jax.batches`, the loss from `pmi_jax.mlm_loss`, the run directory's
+names and records from `pmi_jax.formats.run_dir`. Step s always reads global batch s (gradient
+accumulation scans micro-batches inside the step) and its dropout key is fold_in(rng, s), so a
+resumed run repeats an uninterrupted one exactly. Every process runs this function and feeds
+the rows its devices hold (`partitioning.host_batch_rows`); only process 0 writes metrics.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import shlex
 import signal
 import time
 from typing import Any, Callable
@@ -250,7 +244,8 @@ class _Preemption:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: checkpointing after the current step")
+        if not self.requested:  # a SIGTERM to the process group may arrive twice (pmi_jax/cli/quiet.py)
+            logging.warning("SIGTERM received: checkpointing after the current step")
         self.requested = True
 
     def reached(self, step: int) -> bool:
@@ -389,7 +384,7 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
             checkpointer.close()
             writer.close()
     if is_main:
-        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
+        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {shlex.quote(logdir)})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
 
 

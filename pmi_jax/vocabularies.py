@@ -1,18 +1,11 @@
 """The WordPiece vocabulary of a model: a seqio Vocabulary over a BERT `vocab.txt`.
 
-One type serves every reader of a trained model's vocabulary: seqio tooling (showing
-examples), evaluation and fine-tuning (batched encoding, word pieces with offsets), and its
-SHA-256, which checkpoints record. Corpus preparation cuts words it has already split into
-pieces with `preprocess.corpus.wordpiece.WordPieceEncoder` instead, because it needs the word
-boundaries; the two give the same ids (tests/test_wordpiece.py).
-
-Encoding runs tensorflow_text's BertTokenizer with lower-casing, the same word splitting as
-the rest of the project (`preprocess/text/words.py`); decoding joins `##` continuation pieces to
-the previous token and keeps special tokens visible ([CLS], [SEP], [MASK]) but drops
-[PAD], so a decoded masked example reads as text with its masks in place.
-
-BERT has no end-of-sequence id in seqio's sense ([SEP] also separates the documents packed
-into one sequence), so `eos_id` is None and decoding never stops early.
+One type serves every reader of a trained model's vocabulary (seqio tooling, evaluation and
+fine-tuning, its SHA-256 in checkpoints). Encoding is tensorflow_text's lower-casing
+BertTokenizer, the project's word splitting; decoding joins `##` pieces and keeps special tokens
+but [PAD] visible. Corpus preparation uses `preprocess.corpus.wordpiece.WordPieceEncoder`
+instead (it needs word boundaries); both give the same ids (tests/test_wordpiece.py). Details:
+docs/design.md, "Module notes", vocabularies.py.
 """
 from __future__ import annotations
 

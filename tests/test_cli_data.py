@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pmi_jax.cli import main
+from pmi_jax.config import SCHEMES
 from tests.prepared_data import MASK, read_prepared_split, write_prepared_corpus
 
 
@@ -120,6 +121,18 @@ def test_help_explains_every_option(capsys):
     for option in ("--data", "--scheme", "--num", "--seed", "--split", "--shuffle", "--output", "--overwrite",
                    "--mask-rate"):
         assert option in out
+
+
+def test_a_bad_scheme_is_refused_by_the_one_check(corpus_dir, capsys):
+    """config.check_scheme (not argparse) refuses the name, naming --scheme and the schemes; --help lists them."""
+    assert main(["data", "show", "--data", corpus_dir, "--scheme", "spans", "--num", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--scheme 'spans': not a masking scheme; choose one of " + ", ".join(SCHEMES) in err
+    with pytest.raises(SystemExit):
+        main(["data", "show", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(scheme in help_text for scheme in SCHEMES)
 
 
 def test_show_counts_tokens_as_corpus_show_does(corpus_dir, capsys):

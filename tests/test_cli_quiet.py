@@ -161,6 +161,8 @@ def test_commands_that_read_checkpoints_hide_orbaxs_read_only_narration(tmp_path
             checkpoints.Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).close()
         return [r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
 
-    assert any("read_only" in m or "read only" in m for m in read_only_warnings())  # what Orbax says unquieted
+    # pmi_jax.checkpoints drops Orbax's narration of read-only managers (a resumed `train` opens
+    # one too), and these commands keep absl to errors besides.
+    assert read_only_warnings() == []
     quiet.quiet_checkpoint_reads()
     assert read_only_warnings() == []

@@ -145,7 +145,7 @@ def test_scheme_colours_agree_across_plots():
     (lambda runs, tmp: [str(tmp / "nothing"), "--output", str(tmp / "r")], "no such run directory"),
     (lambda runs, tmp: [str(tmp), "--output", str(tmp / "r")], "no checkpoints/ directory"),
     (lambda runs, tmp: [runs["token"], runs["token"], "--output", str(tmp / "r")], "a run is named twice"),
-    (lambda runs, tmp: [runs["token"], "--output", runs["pmi"]], "already exists (pass --overwrite"),
+    (lambda runs, tmp: [runs["token"], "--output", runs["pmi"]], "holds the training run"),  # never replaced
 ])
 def test_input_errors_are_one_line_and_write_nothing(runs, tmp_path, capsys, make_args, message):
     assert main(["compare", *make_args(runs, tmp_path)]) == 2
@@ -193,6 +193,25 @@ def test_the_perplexity_table_names_its_test_set(runs, tmp_path):
         data = json.load(f)["data"]
     assert f"Single-token perplexity on the validation split of `{data}`" in report
     assert "scored on different corpora" not in report
+
+
+def test_compare_split_shows_another_scored_split(runs, tmp_path):
+    """`compare --split train`: the tables of a second scored split (e.g. an out-of-domain test corpus)."""
+    import shutil
+
+    copies = []
+    for name in ("token", "pmi"):
+        copy = str(tmp_path / name)
+        shutil.copytree(runs[name], copy)
+        assert main(["eval", "perplexity", "--checkpoint", copy, "--steps", "4", "--split", "train",
+                     "--positions", "3"]) == 0
+        copies.append(copy)
+    (tmp_path / "default").mkdir()
+    (tmp_path / "train").mkdir()
+    default, train = _report(tmp_path / "default", *copies), _report(tmp_path / "train", *copies, "--split", "train")
+    assert "perplexity on the validation split" in default and "on the train split" not in default
+    assert "Single-token perplexity on the train split of `" in train and "validation split" not in train
+    assert "| step 4 |" in train and "| step 2 |" not in train  # only step 4 was scored on train
 
 
 def test_a_released_models_results_sit_beside_the_runs(runs, tmp_path, capsys):

@@ -146,3 +146,34 @@ def test_the_progress_line_imports_nothing_of_the_project():
     assert "pmi_jax.progress" in {t for _, t in project_imports("pmi_jax.train")}
     bad = _violations(["pmi_jax.progress"], lambda m, target: False)
     assert not bad, "pmi_jax/progress.py imports project modules:\n" + "\n".join(bad)
+
+
+DOCSTRING_LINES = 12  # a module docstring says what and why; history: docs/design.md, "Module notes"
+
+
+def long_docstrings(modules, limit: int = DOCSTRING_LINES) -> list[str]:
+    """`path: N lines` for each module whose docstring runs past `limit` lines."""
+    long = []
+    for module in modules:
+        path = MODULES[module]
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        if doc and len(doc.splitlines()) > limit:
+            long.append(f"{_shown(path)}: {len(doc.splitlines())} lines")
+    return long
+
+
+def test_module_docstrings_are_short():
+    """Every module of pmi_jax/ and preprocess/ has a docstring of at most DOCSTRING_LINES lines:
+    measurements go to benchmarks/README.md, design history to docs/design.md."""
+    long = long_docstrings(MODULES)
+    assert not long, f"module docstrings over {DOCSTRING_LINES} lines:\n" + "\n".join(long)
+
+
+def test_a_long_docstring_is_reported(tmp_path, monkeypatch):
+    wordy = tmp_path / "wordy.py"
+    wordy.write_text('"""' + "\n".join(f"line {i}" for i in range(DOCSTRING_LINES + 1)) + '"""\nX = 1\n')
+    short = tmp_path / "short.py"
+    short.write_text('"""' + "\n".join(f"line {i}" for i in range(DOCSTRING_LINES)) + '"""\n')
+    monkeypatch.setitem(MODULES, "pmi_jax.wordy", wordy)
+    monkeypatch.setitem(MODULES, "pmi_jax.short", short)
+    assert long_docstrings(["pmi_jax.wordy", "pmi_jax.short"]) == [f"wordy.py: {DOCSTRING_LINES + 1} lines"]

@@ -16,6 +16,7 @@ import pytest
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
+from tests.damage import tmpfs as _tmpfs
 
 PHRASES = ["the editor in chief", "new york city", "machine learning", "of the paper", "air force"]
 
@@ -62,7 +63,12 @@ def _bad_inputs(directory: pathlib.Path) -> dict[str, str]:
     (directory / "number.jsonl").write_text('{"text": "fine words here"}\n{"text": 42}\n')
     (directory / "null.jsonl").write_text('{"text": null}\n')
     (directory / "random.txt").write_bytes(np.random.default_rng(1).integers(0, 256, 100_000, np.uint8).tobytes())
-    return {"plain.txt.gz": "not a readable gzip file",
+    text = " ".join(PHRASES) + ".\n\n"
+    (directory / "utf16.txt").write_text(text * 50, encoding="utf-16")  # with its byte-order mark
+    (directory / "utf32.txt").write_text(text * 50, encoding="utf-32-le")  # without one
+    return {"utf16.txt": "utf16.txt: UTF-16 text, not UTF-8; convert it first (e.g. iconv -f UTF-16 -t UTF-8)",
+            "utf32.txt": "utf32.txt: UTF-16 or UTF-32 text, not UTF-8",
+            "plain.txt.gz": "not a readable gzip file",
             "number.jsonl": "number.jsonl:2: the 'text' field is 42, not a string",
             "null.jsonl": "null.jsonl:1: the 'text' field is null, not a string",
             "random.txt": "random.txt: not UTF-8 text"}
@@ -76,6 +82,14 @@ def test_input_that_is_not_text_is_refused(corpus, tmp_path, capsys, command):
         status = run([tmp_path / "bad" / name, corpus / "good.txt"], tmp_path / "out")
         _one_line_error(capsys, status, message)
         assert _listing(tmp_path) == sorted(["bad", *(f"bad/{n}" for n in cases)])
+
+
+def test_vocab_check_of_a_file_that_is_not_text_is_one_line(tmp_path, capsys):
+    cases = _bad_inputs(tmp_path / "bad")
+    for name in ("random.txt", "utf16.txt", "utf32.txt"):
+        message = cases[name].split(": ", 1)[1]
+        _one_line_error(capsys, main(["vocab", "check", str(tmp_path / "bad" / name)]),
+                        f"{tmp_path / 'bad' / name}: {message}")
 
 
 def test_a_few_bad_bytes_in_real_text_are_replaced_and_counted(corpus, tmp_path, capsys):
@@ -114,19 +128,6 @@ def test_nonsense_counts_are_refused(corpus, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------
 # Outputs that cannot be written.
-
-@contextlib.contextmanager
-def _tmpfs(path: pathlib.Path, options: str):
-    """A small tmpfs at `path` (root only, as in the project's containers); skips the test elsewhere."""
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
 
 COMMANDS = {
     "vocab build": lambda corpus, out: _vocab_build([corpus / "good.txt"], out),
@@ -233,6 +234,56 @@ def test_a_damaged_prepared_corpus_is_one_line_for_every_reader(data_dir, tmp_pa
         tasks.TaskCorpus(str(broken))  # what `train`, `data` and `eval` open
 
 
+def _flip_bytes(path: pathlib.Path, offset: int = 20) -> None:
+    """Change bytes inside the first record of a shard, keeping its size (a disk error, a bad copy)."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + 4] = bytes(b ^ 0xFF for b in data[offset:offset + 4])
+    path.write_bytes(bytes(data))
+
+
+def test_bytes_changed_inside_a_shard_are_named_and_rewritten(corpus, vocab_dir, data_dir, tmp_path, capsys,
+                                                              caplog):
+    from pmi_jax.train import TaskBatches
+
+    metadata = json.loads((data_dir / "metadata.json").read_text())
+    assert all(len(stats["sha256"]) == 64 for stats in metadata["shards"].values())
+    broken = tmp_path / "data"
+    shutil.copytree(data_dir, broken)
+    shard = "train-00000-of-00002.tfrecord"
+    _flip_bytes(broken / shard)
+    message = f"{broken}: shard {shard} is damaged (its sha256 is not the one recorded); rerun the same"
+    _one_line_error(capsys, main(["corpus", "show", str(broken)]), message)
+    _one_line_error(capsys, main(["data", "dump", "--data", str(broken), "--scheme", "pmi", "--num", "100",
+                                  "--output", str(tmp_path / "dump.jsonl")]), message)
+    assert not (tmp_path / "dump.jsonl").exists()
+    with pytest.raises(UserInputError, match=message.split(" (")[0]):  # what `train` reads through
+        next(iter(TaskBatches(str(broken), "pmi", "train", 32, 4, 0).batches(0, 0, 1)))
+    # The same `corpus prepare` finds the damage by its digest and rewrites that shard alone.
+    untouched = (broken / "train-00001-of-00002.tfrecord").stat().st_mtime_ns
+    assert _prepare([corpus / "good.txt"], broken, "--units", f"pmi={vocab_dir}") == 0
+    assert f"{shard} is damaged (its sha256 is not the one recorded); rewriting" in caplog.text
+    assert (broken / shard).read_bytes() == (data_dir / shard).read_bytes()
+    assert (broken / "train-00001-of-00002.tfrecord").stat().st_mtime_ns == untouched
+    assert _listing(broken) == _listing(data_dir)
+    assert main(["corpus", "show", str(broken)]) == 0
+
+
+def test_a_changed_shard_of_a_corpus_without_digests_is_one_line(data_dir, tmp_path, capsys):
+    """Corpora prepared before digests were recorded still open; a shard that fails to read is
+    reported in one line, which cannot name it."""
+    broken = tmp_path / "data"
+    shutil.copytree(data_dir, broken)
+    metadata = json.loads((broken / "metadata.json").read_text())
+    for stats in metadata["shards"].values():
+        del stats["sha256"]
+    (broken / "metadata.json").write_text(json.dumps(metadata))
+    assert main(["corpus", "show", str(broken), "--num", "1"]) == 0
+    capsys.readouterr()
+    _flip_bytes(broken / "train-00000-of-00002.tfrecord")
+    _one_line_error(capsys, main(["corpus", "show", str(broken)]), f"{broken}: a shard does not read (",
+                    "records no digests to tell which: rerun `pmi-jax corpus prepare --overwrite`")
+
+
 # ---------------------------------------------------------------------------------------------
 # `corpus show`: an unambiguous rendering.
 
@@ -281,3 +332,36 @@ def test_a_killed_vocab_build_leaves_nothing_after_the_next_run(corpus, tmp_path
     rerun = subprocess.run(command, env=env, capture_output=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
     assert _listing(scratch_tmp) == [] and [p.name for p in out_parent.iterdir()] == ["vocab"]
+
+
+def test_an_overwrite_killed_between_its_renames_gives_the_old_output_back(corpus, tmp_path, caplog):
+    """`vocab build --overwrite` killed after moving the old vocabulary aside and before renaming
+    the new one in: the next command restores the old one, whole, and says so; nothing is lost."""
+    output = tmp_path / "vocab"
+    assert _vocab_build([corpus / "good.txt"], output) == 0
+    old = {p.name: p.read_bytes() for p in output.iterdir()}
+    killer = ("import os, sys, tensorflow as tf\n"
+              "from pmi_jax.cli import main\n"
+              "rename = tf.io.gfile.rename\n"
+              "def killed_before_the_second_rename(src, dst, overwrite=False):\n"
+              "    if dst.rstrip('/') == sys.argv[1] and '.tmp-' in src:\n"
+              "        os._exit(9)\n"
+              "    return rename(src, dst, overwrite)\n"
+              "tf.io.gfile.rename = killed_before_the_second_rename\n"
+              "sys.exit(main(sys.argv[2:]))\n")
+    command = [sys.executable, "-c", killer, str(output), "vocab", "build", "--input", str(corpus / "good.txt"),
+               "--output", str(output), "--min-count", "2", "--size", "10", "--workers", "1", "--no-progress",
+               "--overwrite"]
+    killed = subprocess.run(command, capture_output=True, timeout=600,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert killed.returncode == 9, killed.stderr.decode()[-3000:]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not output.exists() and any(name.startswith(".vocab.tmp-aside-") for name in left), left
+    # The next run (the same command without --overwrite) finds the old vocabulary back in place.
+    assert _vocab_build([corpus / "good.txt"], output) == 2
+    assert "restored the previous output" in caplog.text
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == old
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vocab.tmp-aside-")] == []
+    # With --overwrite, it is replaced as asked, and the unfinished new one is swept.
+    assert _vocab_build([corpus / "good.txt"], output, "--overwrite") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab"]

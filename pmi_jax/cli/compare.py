@@ -36,6 +36,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--released", action="append", default=[], metavar="RESULTS_DIR",
                    help="a released model's fine-tuning results (the --output of `eval finetune --hf-model`), "
                         "shown beside the runs as the paper's Table 3 does (repeatable)")
+    p.add_argument("--split", default=None,
+                   help="which scored split the perplexity tables show (default: validation where every run was "
+                        "scored on it); e.g. train for an out-of-domain test corpus scored with `eval perplexity "
+                        "--data DIR --split train` (docs/experiments.md, \"Table 4 on an out-of-domain test set\")")
     p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
     p.set_defaults(func=run)
 
@@ -48,15 +52,15 @@ def run(args: argparse.Namespace) -> int:
     from pmi_jax.errors import UserInputError
 
     quiet.quiet_checkpoint_reads()
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=[("RUN_DIR", r) for r in args.runs])
     if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in args.runs]
     released = [read_finetune_result(path, released=True) for path in args.released]
-    perplexity = perplexity_tables.perplexity_tables(runs)
+    perplexity = perplexity_tables.perplexity_tables(runs, args.split)
     tables = [*perplexity, *report.finetune_tables(runs)]
     tables += paper_tables.tables(runs, released)  # the paper's Tables 2, 3, 8 and 6-7, beside the summary above
-    with storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
         names = [n for n in [plots.mlm_loss(runs, tmp), plots.validation_loss(runs, tmp)] if n]
         names += plots.perplexity(perplexity, tmp)
         names += plots.downstream(runs, tmp)

@@ -153,14 +153,16 @@ def run_show(args: argparse.Namespace) -> int:
     vocab = corpus.tokens
     records = tf.data.TFRecordDataset(paths).take(args.num)
     try:
-        for i, record in enumerate(records.as_numpy_iterator()):
-            features = prepared_corpus.decode_example(record)
-            tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
-            print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
-            for name in names or [None]:
-                units = features[prepared_corpus.units_feature(name)] if name else features[prepared_corpus.WORD_IDS]
-                print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
-    except (tf.errors.DataLossError, IndexError, KeyError) as e:
+        with prepared_corpus.reading(args.data_dir):  # a shard whose bytes changed is named
+            for i, record in enumerate(records.as_numpy_iterator()):
+                features = prepared_corpus.decode_example(record)
+                tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
+                print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
+                for name in names or [None]:
+                    units = (features[prepared_corpus.units_feature(name)] if name
+                             else features[prepared_corpus.WORD_IDS])
+                    print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
+    except (IndexError, KeyError) as e:
         raise UserInputError(f"{args.data_dir}: a {args.split} shard is damaged ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:200]}); rerun the same `pmi-jax corpus prepare`") from None
     return 0

@@ -14,8 +14,8 @@ from pmi_jax.config import MASK_RATE, SCHEMES, UNIT_SCHEMES
 def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) -> None:
     p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`; local "
                    "or gs://)")
-    p.add_argument("--scheme", required=True, choices=SCHEMES, help=f"masking scheme; the PMI family "
-                   f"({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
+    p.add_argument("--scheme", required=True, metavar="SCHEME", help=f"masking scheme: {', '.join(SCHEMES)}; the "
+                   f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
     p.add_argument("--seed", type=int, default=0, help="run seed: masks (and the order, with --shuffle) are a "
                    "function of it, the example and the epoch (default: 0)")
@@ -70,11 +70,13 @@ def _examples(args: argparse.Namespace):
 
     from pmi_jax import tasks
     from pmi_jax.errors import UserInputError
+    from pmi_jax.formats import prepared_corpus
 
-    from pmi_jax.config import mask_rate_units
+    from pmi_jax.config import check_scheme, mask_rate_units
 
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
+    check_scheme(args.scheme, "--scheme")
     mask_rate_units(args.mask_rate, "--mask-rate")
     tasks.TaskCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
     (name,) = tasks.register_corpus("data", args.data, [args.scheme], mask_rate=args.mask_rate)
@@ -82,9 +84,10 @@ def _examples(args: argparse.Namespace):
     ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)
 
     def unpadded(examples):  # task examples are padded to the corpus's seq_len with [PAD] = 0
-        for ex in examples:
-            length = int((ex["targets"] != 0).sum())
-            yield {k: v[:length] if v.ndim else v for k, v in ex.items()}
+        with prepared_corpus.reading(args.data):  # a shard whose bytes changed is named
+            for ex in examples:
+                length = int((ex["targets"] != 0).sum())
+                yield {k: v[:length] if v.ndim else v for k, v in ex.items()}
 
     return task.output_features["inputs"].vocabulary, unpadded(ds.take(args.num).as_numpy_iterator())
 
@@ -101,10 +104,10 @@ def run_dump(args: argparse.Namespace) -> int:
     from pmi_jax import storage
 
     _absolute_paths(args)
-    storage.check_new_output(args.output, args.overwrite)
+    storage.check_new_output(args.output, args.overwrite, inputs=[("--data", args.data)])
     _, examples = _examples(args)
     count = 0
-    with storage.atomic_file(args.output) as f:
+    with storage.write_errors(args.output), storage.atomic_file(args.output) as f:
         for ex in examples:
             record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units", "word_ids")}
             record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})

@@ -1,24 +1,14 @@
 """`pmi-jax eval`: score a pretrained checkpoint.
 
-    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all --unit token --unit word --unit pmi
+    pmi-jax eval perplexity --checkpoint runs/tiny-pmi --steps all --unit token --unit pmi
     pmi-jax eval finetune --checkpoint runs/tiny-pmi --task glue/rte --data glue_data/RTE
-    pmi-jax eval finetune --checkpoint runs/tiny-pmi --task squad/v2.0 --data squad --protocol checkpoint --steps all
-    pmi-jax eval finetune --hf-model released/bert-base-uncased --task race --data RACE --output results/bert-race
 
-`perplexity` masks one held-out token, whole word or masking unit at a time (`--unit`; no other
-corruption) and reports exp(mean negative log-likelihood) with a 95% interval, keeping every
-scored token's NLL (the single-token measure is the paper's Table 4, §4.2); `finetune` runs one
-of the paper's protocols on one task (§4.2: `sweep`, the grid, best dev epoch per run, median
-over seeds, best median; `checkpoint`, Tables 6-7's captions: batch 32, lr 3e-5, the task's
-epochs (4 for SQuAD 2.0 and RACE), last epoch, mean of the middle three of five seeds), written
-to results.json and results.md. With --steps, each checkpoint of the run gets its own result;
-with --hf-model, a released transformers BERT is fine-tuned the same way (the paper's Table 3).
-
-Where results go inside the run directory (what `pmi-jax compare` reads):
-    RUN/eval/perplexity-<split>-step<N>.json          one per evaluated checkpoint (--unit token)
-    RUN/eval/perplexity-<split>-<unit>-step<N>.json   the same for --unit word or NAME
-    RUN/eval/<task>-<protocol>-step<N>/results.json   and results.md, test predictions beside
-(task names with "/" written with "-", e.g. glue-rte-checkpoint-step2000).
+`perplexity` masks one held-out unit at a time (the single-token measure is the paper's Table 4,
+§4.2) and reports exp(mean NLL) with a 95% interval; `finetune` runs one of the paper's
+protocols (§4.2 `sweep`; Tables 6-7's captions `checkpoint`) on one task, or on a released
+transformers BERT with --hf-model (Table 3). Results, what `pmi-jax compare` reads:
+    RUN/eval/perplexity-<split>[-<unit>]-step<N>.json       (no -<unit> for --unit token)
+    RUN/eval/<task>-<protocol>-step<N>/results.json, results.md  (e.g. glue-rte-checkpoint-step2000)
 """
 from __future__ import annotations
 
@@ -202,6 +192,12 @@ def _absolute_paths(args: argparse.Namespace) -> None:
     paths.make_absolute(args, "checkpoint", "hf_model", "data", "output", "vocab", "test_data", "tfds_data_dir")
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(option, path) of every input the command reads: no output may hold one."""
+    return [(f"--{name.replace('_', '-')}", getattr(args, name, None))
+            for name in ("checkpoint", "data", "vocab", "test_data", "tfds_data_dir")]
+
+
 def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
     """The checkpoint directories --checkpoint and --steps name, in step order."""
     from pmi_jax.eval.run_eval import checkpoint_paths
@@ -221,7 +217,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
-        storage.check_new_output(args.output, args.overwrite)
+        storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
     request = PerplexityRequest(data=args.data, split=args.split, units=tuple(dict.fromkeys(args.unit or ["token"])),
                                 positions=positions, seed=args.seed, max_sequences=args.max_sequences,
@@ -288,7 +284,8 @@ def run_finetune(args: argparse.Namespace) -> int:
             raise UserInputError("--hf-model: pass --output (a released model has no run directory to write into)")
     request = FinetuneRequest(task=task, settings=settings, read_examples=lambda split: _read_examples(task, args, split),
                               data_label=args.data or f"tfds:{args.tfds}", test_data=args.test_data, vocab=args.vocab,
-                              output=args.output, overwrite=args.overwrite, hf_model=args.hf_model)
+                              output=args.output, overwrite=args.overwrite, hf_model=args.hf_model,
+                              inputs=tuple(_inputs(args)))
     paths = [args.hf_model] if args.hf_model else _checkpoints(args.checkpoint, args.steps)
     for result, output in finetune_checkpoints(paths, request):
         best = result["best"]

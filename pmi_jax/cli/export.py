@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 
 from pmi_jax.errors import UserInputError
@@ -83,19 +82,11 @@ def _corpus_metadata(data_dir: str | None) -> dict | None:
 
 
 def _perplexity(path: str | None, step) -> dict | None:
-    from pmi_jax import storage
+    from pmi_jax.formats import perplexity_result
 
     if path is None:
         return None
-    if not storage.gfile.exists(path):
-        raise UserInputError(f"--perplexity {path}: no such file")
-    with storage.gfile.GFile(path) as f:
-        try:
-            result = json.load(f)
-        except json.JSONDecodeError:
-            raise UserInputError(f"--perplexity {path}: not JSON") from None
-    if not isinstance(result, dict) or "perplexity" not in result:
-        raise UserInputError(f"--perplexity {path}: not a result of `pmi-jax eval perplexity --output`")
+    result = perplexity_result.read(path, "--perplexity")
     if result.get("step") != step:
         raise UserInputError(f"--perplexity {path}: evaluates step {result.get('step')}, the export is step {step}")
     return result
@@ -108,10 +99,12 @@ def run_hf(args: argparse.Namespace) -> int:
     from pmi_jax.cli import quiet
     from pmi_jax.formats import hf_checkpoint, prepared_corpus, wordpiece_vocab
 
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    inputs = [("--checkpoint", args.checkpoint), ("--vocab", args.vocab), ("--perplexity", args.perplexity)]
+    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=inputs)
     quiet.quiet_checkpoint_reads()
     checkpoint = _checkpoint_path(args.checkpoint, args.step)
     config, params, metadata = checkpoints.restore_for_eval(checkpoint)
+    storage.check_output_apart(args.output, [("the checkpoint's corpus", metadata.data_dir)])
     vocab_size = int(metadata.vocab_size or config.vocab_size)
     _, tokens = _vocabulary(args.vocab, metadata, checkpoint, vocab_size)
     perplexity = _perplexity(args.perplexity, metadata.step)
@@ -121,7 +114,7 @@ def run_hf(args: argparse.Namespace) -> int:
     corpus_tokenizer = prepared_corpus.read_tokenizer(metadata.data_dir, corpus) if corpus else None
     card = huggingface.model_card(config=config, metadata=metadata, corpus=corpus,
                                   vocab_size=vocab_size, perplexity=perplexity)
-    with storage.atomic_directory(args.output, args.overwrite) as tmp:
+    with storage.write_errors(args.output), storage.atomic_directory(args.output, args.overwrite) as tmp:
         hf_checkpoint.write_checkpoint(tmp, huggingface.transformers_config(config, vocab_size, pad_id), tensors,
                                        tokens, config.max_position_embeddings, card, corpus_tokenizer)
     size = sum(t.nbytes for t in tensors.values())

@@ -1,24 +1,15 @@
 """What a command prints on stderr: its own messages and real warnings, not its libraries' start-up.
 
-TensorFlow, JAX and Orbax announce themselves on every start: TensorFlow's and XLA's C++ code
-logs that no CUDA driver was found (`cudart_stub.cc`, `failed call to cuInit ... (303)`, the
-latter as an error), JAX logs that it cannot start a TPU backend, Orbax warns when a handler is
-registered. None of it tells the user anything, and it buries the command's output.
-`pmi-jax --verbose` shows all of it.
-
-Two sources, two filters:
-  - Python logging (`configure_logging`): records of this project (`pmi_jax`, `preprocess`, the
-    root logger our modules use) from INFO up; every other library's from WARNING up, minus
-    the known start-up messages.
-  - C++ logging written straight to file descriptor 2, which no Python setting reaches and
-    which TensorFlow's C++ code prints before `TF_CPP_MIN_LOG_LEVEL` can apply
-    (`filter_stderr`): fd 2 becomes a pipe into a small forked process that drops INFO lines of
-    the C++ log format and the known start-up warnings, and passes everything else on at once.
-    A process of its own rather than a thread, so that a fatal error's last words still reach
-    the terminal when the command's process aborts.
+TensorFlow, JAX and Orbax announce themselves on every start (no CUDA driver, no TPU backend,
+handler registrations), which buries the command's output; `pmi-jax --verbose` shows it all.
+Two filters: `configure_logging` for Python logging (ours from INFO, other libraries from
+WARNING minus known start-up messages), and `filter_stderr` for C++ logging written straight to
+fd 2, piped through a small forked process (not a thread, so a fatal error's last words still
+reach the terminal). Details: docs/design.md, "Module notes", quiet.py.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -105,6 +96,14 @@ def _filter_loop(read_fd: int, write_fd: int) -> None:
         _write_all(write_fd, held)
 
 
+def _pass_on(command: int, signum: int, frame) -> None:
+    """In the filter process: send a signal it received to the command it filters for."""
+    try:
+        os.kill(command, signum)
+    except OSError:  # the command has ended: nothing to stop
+        pass
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -122,13 +121,18 @@ class StderrFilter:
     def __init__(self):
         sys.stderr.flush()
         read_fd, write_fd = os.pipe()
+        command = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
-            # Ctrl-C and SIGTERM reach the whole process group; the command may handle them (a
-            # checkpoint on SIGTERM) and still have things to say. The filter ends at EOF, when
-            # the command and its children have closed the pipe.
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_IGN)
+            # Ctrl-C reaches the whole process group; the command handles it and may still have
+            # things to say, so the filter outlives it and ends at EOF, when the command and its
+            # children have closed the pipe. The filter runs under the command's own command
+            # line, so `pkill -n pmi-jax` or a scheduler may send SIGTERM or SIGHUP to it alone:
+            # it passes them on to the command (which checkpoints on SIGTERM, and treats a
+            # second one sent to the whole group as the same request).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, functools.partial(_pass_on, command))
             os.close(write_fd)
             try:
                 _filter_loop(read_fd, 2)

@@ -1,24 +1,12 @@
 """`pmi-jax train`: pretrain BERT with a masking scheme on a prepared corpus.
 
-    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi \\
-        --set train.num_steps=300 --set model.dtype=bfloat16
-
-Run the same command on every host of a TPU pod slice: jax.distributed is initialised from
-the environment there. The run resumes from the latest checkpoint in --workdir.
-
-Masking rate (default 15%), constant or scheduled over train.num_steps; validation on fixed
-batches of the corpus's validation split every train.eval_every_steps, masked at
-data.eval_mask_rate (15%) whatever the training rate:
-
-    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi-30 \
-        --set data.mask_rate=0.3 --set data.mask_rate_schedule=linear --set data.mask_rate_end=0.15
-
-On a terminal a progress line (step, steps/s, tokens/s, ETA) is redrawn on stderr; --no-progress
-turns it off, and it is never drawn when stderr is not a terminal.
-
-Check that a config fits a TPU slice, on any machine with libtpu installed (nothing runs):
-
+    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi --set train.num_steps=300
+    pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi-30 --set data.mask_rate=0.3
     pmi-jax train --compile-only --topology v5p-8 --config base --set model.vocab_size=30522
+
+Run the same command on every host of a TPU pod slice; a run resumes from the latest checkpoint
+in --workdir. The masking rate (`data.mask_rate`, schedules) and validation: docs/design.md,
+"Masking rate"; a progress line is drawn on a terminal's stderr (--no-progress turns it off).
 """
 from __future__ import annotations
 
@@ -115,10 +103,14 @@ def run(args) -> int:
         raise UserInputError("--topology goes with --compile-only (a real run uses the devices it finds)")
     if not args.workdir:
         raise UserInputError("--workdir is required (the run directory)")
+    from pmi_jax import storage
+
+    storage.check_writable_directory(args.workdir, f"--workdir {args.workdir}")
     distributed = experiment.Distributed(args.coordinator_address, args.num_processes, args.process_id)
     try:
-        result = experiment.pretrain(spec, args.workdir, distributed,
-                                     progress=not args.no_progress and sys.stderr.isatty())
+        with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
+            result = experiment.pretrain(spec, args.workdir, distributed,
+                                         progress=not args.no_progress and sys.stderr.isatty())
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1

@@ -163,11 +163,13 @@ class PerplexityTable:
                 f"{scale}). " + (f"Separated pairs: {pairs}." if pairs else "No pair is separated."))
 
 
-def perplexity_tables(runs: list[Run]) -> list[PerplexityTable]:
-    """One table per (split, unit kind) every run was scored with, token first; for units other than
-    token a second table on the units of two or more tokens (for word: multi-piece words)."""
+def perplexity_tables(runs: list[Run], split: str | None = None) -> list[PerplexityTable]:
+    """One table per unit kind every run was scored with on `split` (default: validation where every
+    run has it), token first; for units other than token a second table on the units of two or
+    more tokens (for word: multi-piece words)."""
     keys = set.intersection(*(set(r.perplexity) for r in runs)) if runs else set()
-    split = "validation" if any(k[0] == "validation" for k in keys) else (min(keys)[0] if keys else None)
+    if split is None:
+        split = "validation" if any(k[0] == "validation" for k in keys) else (min(keys)[0] if keys else None)
     units = sorted((k[1] for k in keys if k[0] == split), key=lambda u: (u != "token", u != "word", u))
     schemes = scheme_order(runs)
     by_scheme = {s: [r for r in runs if r.scheme == s] for s in schemes}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 
 from pmi_jax import storage
@@ -81,13 +82,23 @@ def _latest_metadata(path: str) -> tuple[int, run_dir.CheckpointMetadata]:
     if not storage.gfile.isdir(checkpoints.checkpoint_dir(path)):
         raise UserInputError(f"{path}: no checkpoints/ directory: not a pmi-jax training run")
     checkpointer = checkpoints.Checkpointer(path, CheckpointConfig(), read_only=True)
+    skipped = []
     try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise UserInputError(f"{path}: holds no complete checkpoint")
-        return step, checkpointer.metadata(step)
+        for step in checkpointer.all_steps():  # newest first; a damaged newest one falls back
+            try:
+                metadata = checkpointer.metadata(step)
+            except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
+                skipped.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                continue
+            if skipped:
+                logging.warning("%s: skipped the metadata of checkpoint %s; using step %d", path,
+                                "; ".join(skipped), step)
+            return step, metadata
     finally:
         checkpointer.close()
+    if skipped:
+        raise UserInputError(f"{path}: no checkpoint's metadata reads ({'; '.join(skipped)})")
+    raise UserInputError(f"{path}: holds no complete checkpoint")
 
 
 def read_run(path: str) -> Run:

@@ -1,32 +1,13 @@
 """Fine-tuning a pretrained encoder on one task, and the paper's two protocols over it.
 
-One run: the task's head on the pretrained encoder, AdamW as in BERT fine-tuning (β 0.9/0.999,
-ε 1e-6, weight decay 0.01 except biases and LayerNorm, gradients clipped at norm 1) with the
-pretraining schedule of `pmi_jax.optimizer` (linear warmup over the first 10% of steps, linear
-decay to 0 at the end); after every epoch the dev set (and the test set, when given) is scored.
-The optimizer, the schedule and the once-per-epoch dev check are our choices: the paper names
-none of them.
-
-The two protocols of Levine et al. 2021 (`FinetuneConfig.protocol`):
-  sweep       (§4.2; Tables 2-3, 8) every batch size × learning rate of the grid, `seeds` runs
-              each; a run reports its best dev epoch (§4.2's early stopping on the task's dev
-              metric); a configuration scores the median over its seeds; the best median is
-              reported, and the runs behind it score the test set when one is given.
-  checkpoint  (§4.2 and the captions of Tables 6-7; Table 1, Figures 1-2) one setting: batch
-              size 32, learning rate 3e-5, the task's epochs (4 for SQuAD 2.0 and RACE, "without
-              early stopping": a run reports its last epoch), 5 seeds, the mean of the middle three.
-Each setting's source: docs/experiments.md, "Where each fine-tuning setting comes from".
-
-The number that selects epochs and configurations (`task.selection_metric`, also the "score"
-of every evaluation): for GLUE the metric of Table 8's caption (accuracy, except Spearman
-correlation for STS-B and Matthews correlation for CoLA; MNLI matched, our choice); F1 for
-SQuAD 2.0 (Tables 1 and 6 report F1; that the sweep selects by it is our choice, Table 2
-reports EM beside it); accuracy for RACE (Tables 2, 3, 7). Every official metric is aggregated
-over the same runs and reported beside it.
-
-All runs share the encoded data and the compiled step functions: the head module, the loss,
-the optimizer and the batch shape are the only static arguments, the learning rate is a
-traced scalar.
+One run: the task's head, AdamW as in BERT fine-tuning with `pmi_jax.optimizer`'s schedule, dev
+(and test) scored after every epoch; these are our choices (the paper names none). Protocols of
+Levine et al. 2021 (`FinetuneConfig.protocol`): `sweep` (§4.2; Tables 2-3, 8), best dev epoch per
+run (§4.2's early stopping), median over seeds, best median; `checkpoint` (§4.2, captions of
+Tables 6-7; Table 1, Figures 1-2), batch 32, lr 3e-5, last epoch, mean of the middle three of 5
+seeds. Selection by `task.selection_metric`: GLUE Table 8's caption, SQuAD 2.0 F1 (Tables 1, 6),
+RACE accuracy (Tables 2, 3, 7). Sources: docs/experiments.md; details: docs/design.md, "Module
+notes", finetune.py.
 """
 from __future__ import annotations
 

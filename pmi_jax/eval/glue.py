@@ -1,25 +1,10 @@
 """GLUE (Wang et al. 2019): the nine tasks, read from the distributed TSVs or from TFDS.
 
-Each task is one row of `TASKS`: where its text and label live in the TSVs that GLUE's
-download script writes (`<Task>/train.tsv`, `dev.tsv`; MNLI has `dev_matched.tsv` and
-`dev_mismatched.tsv`), its label list, its metrics and its TFDS feature names. Columns are
-found by header name, so a file from another task, or from another benchmark, fails loudly
-instead of training on the wrong column. CoLA's files have no header; its layout is fixed
-(source, label, original mark, sentence).
-
-Scores follow the GLUE leaderboard: CoLA Matthews correlation, STS-B Pearson/Spearman, MRPC and
-QQP F1/accuracy, the rest accuracy (MNLI: matched, with mismatched reported beside it), all
-×100. `score`, the number that selects epochs and configurations, is the paper's metric
-(Levine et al. 2021, Table 8's caption): dev accuracy, except Spearman for STS-B and Matthews
-correlation for CoLA (`selection_metric`); for MNLI the matched dev set's (Table 8's dev rows
-report matched only; choosing by it is ours). MRPC and QQP are selected by accuracy, as Table 8
-reports them on dev; their F1 is reported beside it.
-
-Test sets carry no labels: `read(path, "test")` reads `test.tsv` (MNLI: `test_matched.tsv`
-and `test_mismatched.tsv`; every test file has a header and an `index` or `id` column), and
-`write_predictions` writes what the GLUE server takes: one `<Task>.tsv` per task (MNLI-m and
-MNLI-mm for MNLI) with the header `index<TAB>prediction`, labels as the TSVs spell them and
-STS-B scores as numbers.
+Each task is one row of `TASKS` (TSV columns found by header name, so a wrong file fails loudly;
+labels, metrics, TFDS names). Scores follow the GLUE leaderboard, ×100; `score` selects by the
+paper's metric (Levine et al. 2021, Table 8's caption: dev accuracy, Spearman for STS-B, Matthews
+for CoLA; MNLI matched, our choice). `write_predictions` writes the GLUE server's test files.
+Details: docs/design.md, "Module notes", glue.py.
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Fine-tuning heads on the pretrained encoder, and their losses.
 
-Each head owns a `BertEncoder` under the name `encoder`, so the pretrained encoder parameters
-(`params["encoder"]` of a `BertForMaskedLM` checkpoint) drop in unchanged; only the small
-head on top starts from random. The heads follow BERT's fine-tuning recipes (Devlin et al.
-2019): a pooled [CLS] vector (dense + tanh) for sentence-level tasks, one logit per token for
-the start and for the end of a span, one logit per option for multiple choice. The pooler is
-freshly initialised: these encoders are pretrained without the next-sentence task that would
-have trained it.
-
-Heads take the whole batch dict (`input_ids`, `input_mask`, `token_type_ids`, plus targets that
-they ignore) and return a dict of float32 outputs, which the task's loss and metrics consume.
-Their `head` method is everything above the encoder: initialising through it alone creates
-the new parameters without tracing the encoder whose parameters are replaced anyway.
+Each head owns a `BertEncoder` named `encoder`, so a checkpoint's `params["encoder"]` drops in
+unchanged and only the head starts from random. Heads follow BERT's fine-tuning recipes
+(Devlin et al. 2019): pooled [CLS] (dense + tanh, freshly initialised: no next-sentence
+pretraining trained it), start/end logits per token, one logit per option. Heads take the
+batch dict and return float32 outputs; their `head` method initialises only the new parameters.
 """
 from __future__ import annotations
 

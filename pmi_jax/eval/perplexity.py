@@ -1,27 +1,11 @@
 """Perplexity of a masked language model on held-out sequences, one unit masked at a time.
 
-A *unit* is a group of token positions that is masked whole: `token` (every non-special token
-on its own: the paper's single-token perplexity, §4.2 and Table 4), `word` (every WordPiece of
-one whole word, the corpus's `word_ids`) or `NAME` (one masking unit of the corpus's unit set
-NAME, its `units_NAME`, e.g. `pmi`). For each chosen (sequence, unit), the model sees the
-sequence with exactly that unit's tokens replaced by [MASK] (nothing else corrupted) and we
-score each of its original tokens: perplexity = exp(mean negative log-likelihood) over every
-scored token. One unit per masked copy means the scored units of a sequence never overlap and
-never hide each other's context; units partition a sequence, so this is the single-token
-measure with "token" widened to "unit" (our own analysis, docs/experiments.md).
-
-`spacing` K > 0 is a cheaper variant for large scored sets: each copy masks every K-th chosen
-unit of a sequence at once instead of one (K-fold fewer forward passes; the masked units of a
-copy have K-1 chosen units between them, and every chosen unit is still scored exactly once).
-It is another measure (about 1/K of the context is masked too), so runs are paired only when
-scored with the same spacing.
-
-Units are every unit of the split (`positions=None`) or a seeded sample of `positions` of them
-per sequence, drawn from (seed, sequence index) alone, so that every model scored on the same
-corpus with the same seed is scored on the same tokens, whatever the batching. Each scored
-token's NLL is kept (`ScoredTokens`), so that `pmi-jax compare` can pair two runs token by
-token. Rows (one masked copy each) are packed `batch_size` at a time into one jitted forward
-pass that runs the MLM head at the masked positions only.
+A unit is `token` (the paper's single-token perplexity, §4.2 and Table 4), `word` or a masking
+unit set NAME; each masked copy hides exactly one unit (or, with `spacing` K, every K-th chosen
+unit: another measure) and scores its original tokens; perplexity = exp(mean NLL). Units are
+sampled from (seed, sequence index) alone, so every model on the same corpus and seed is scored
+on the same tokens, and every token's NLL is kept (`ScoredTokens`) for `pmi-jax compare` to
+pair runs. Details: docs/design.md, "Module notes", perplexity.py.
 """
 from __future__ import annotations
 
@@ -99,9 +83,10 @@ def read_sequences(data_dir: str, split: str = "validation", max_sequences: int 
     dataset = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     if max_sequences is not None:
         dataset = dataset.take(max_sequences)
-    for features in dataset.as_numpy_iterator():
-        ids = features[prepared_corpus.INPUT_IDS]
-        yield (ids, features[feature]) if feature else ids
+    with prepared_corpus.reading(data_dir):  # a shard whose bytes changed is named
+        for features in dataset.as_numpy_iterator():
+            ids = features[prepared_corpus.INPUT_IDS]
+            yield (ids, features[feature]) if feature else ids
 
 
 def open_corpus_for(data_dir: str, config, metadata, checkpoint: str):

@@ -95,6 +95,9 @@ def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> I
     if request.output and (len(paths) > 1 or len(request.units) > 1):
         raise UserInputError("--output names one file: use it with one checkpoint (without --steps, or one step) "
                              "and one --unit")
+    for run in sorted({run_dir.run_dir_of(path) for path in paths}):  # the result is always filed there
+        folder = run_dir.eval_dir(run)
+        storage.check_writable_directory(folder, f"--checkpoint {run}: its results folder {folder}")
     for path in paths:
         for unit in request.units:
             if request.skip_existing:
@@ -110,7 +113,8 @@ def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> I
             storage.gfile.makedirs(run_dir.eval_dir(run))
             for target in [run_dir.perplexity_result_path(run, request.split, report["step"], unit),
                            *([request.output] if request.output else [])]:
-                perplexity_result.write(target, report)
+                with storage.write_errors(target):
+                    perplexity_result.write(target, report)
             yield report
 
 
@@ -127,6 +131,7 @@ class FinetuneRequest:
     vocab: str | None = None
     output: str | None = None
     overwrite: bool = False
+    inputs: tuple = ()  # (option, path) of what the command reads: no output may hold one (storage)
     hf_model: str | None = None  # the one path is a released transformers BERT (`--hf-model`), not a run's
 
 
@@ -151,7 +156,7 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
     if many:  # every output checked before hours of fine-tuning, not after
         for path in paths:
             storage.check_new_output(finetune_output(request, path, os.path.basename(path), many), request.overwrite,
-                                     directory=True)
+                                     directory=True, inputs=request.inputs)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
         if request.hf_model:
@@ -161,7 +166,8 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
             vocab = run_dir.vocabulary_for(metadata, path, config.vocab_size, vocab=request.vocab)
         step = metadata.step
         output = finetune_output(request, path, step, many)
-        storage.check_new_output(output, request.overwrite, directory=True)
+        storage.check_new_output(output, request.overwrite, directory=True,
+                                 inputs=[*request.inputs, ("the checkpoint's corpus", metadata.data_dir)])
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             wordpiece = WordPieceVocabulary(vocab)
             max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
@@ -188,7 +194,7 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
         test_outputs = result.pop("test_outputs", None)
         title = (f"{task.name} fine-tuning of the released model {path}" if request.hf_model else
                  f"{task.name} fine-tuning of {path} (step {step}, scheme {metadata.scheme})")
-        with storage.atomic_directory(output, overwrite=request.overwrite) as tmp:  # every file or none
+        with storage.write_errors(output), storage.atomic_directory(output, overwrite=request.overwrite) as tmp:
             if test_outputs is not None:
                 written = task.write_predictions(test_outputs, encoded["test"], examples["test"], tmp)
                 result["test_predictions"] = [storage.join(output, os.path.basename(w)) for w in written]

@@ -1,28 +1,11 @@
 """SQuAD 2.0 (Rajpurkar et al. 2018): reading, sliding windows, answer decoding, official EM/F1.
 
-Windows follow BERT's `run_squad.py`: the question (at most `max_query_len` WordPieces) is
-packed as `[CLS] question [SEP] context-window [SEP]`, and a context longer than the rest of the
-sequence is covered by windows that start every `doc_stride` tokens. A token seen in several
-windows is decided by the window where it has the most context on both sides. Training
-targets are the answer's first and last token, or [CLS] (position 0) when the question has no
-answer or the answer lies outside the window.
-
-Answer text is cut from the original context by character offsets: each context token knows
-the characters it came from (via the byte offsets tensorflow_text reports on the normalised
-word, mapped back per character and checked against the WordPiece itself; a word where that
-check fails falls back to the whole whitespace-delimited word, which is BERT's own granularity).
-
-Decoding: per question, the best span over all its windows (start <= end, at most
-`max_answer_len` tokens, start in its max-context window) against the null score
-start[CLS] + end[CLS] (the smallest over the windows); the answer is "" when
-null - best_span > `null_score_diff_threshold`.
-
-Scoring is that of the official SQuAD 2.0 script: answers normalised (lower case, punctuation
-and the articles a/an/the removed, whitespace collapsed), exact match and bag-of-tokens F1,
-maximum over the gold answers, an unanswerable question counting 1 only for the empty
-prediction (HasAns/NoAns split by whether the raw answer list is empty, as the script does);
-plus the script's best-threshold figures computed from the null-score margins. Checked against
-transformers' port of the script on random questions (tests/test_metrics_crosscheck.py).
+Windows, training targets and decoding follow BERT's `run_squad.py` (`[CLS] question [SEP]
+window [SEP]`, windows every `doc_stride` tokens, a token decided by its max-context window, the
+answer "" when the null score beats the best span by `null_score_diff_threshold`). Answer text
+is cut from the original context by character offsets. Scoring is the official SQuAD 2.0
+script's, checked against transformers' port (tests/test_metrics_crosscheck.py). Details:
+docs/design.md, "Module notes", squad.py.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import unicodedata
 from typing import Mapping, Sequence
@@ -200,9 +201,7 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
     if storage.gfile.exists(single):
         files = [single]
     elif storage.gfile.exists(index):
-        with storage.gfile.GFile(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
-        files = [_path(directory, name) for name in sorted(set(weight_map.values()))]
+        files = [_path(directory, name) for name in _index_files(index)]
     elif storage.gfile.exists(_path(directory, TORCH_WEIGHTS_FILE)):
         raise UserInputError(
             f"--init-from {directory}: holds only {TORCH_WEIGHTS_FILE}, which needs PyTorch to read; save it as "
@@ -220,6 +219,19 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _index_files(index: str) -> list[str]:
+    """The shard files a model.safetensors.index.json names (its "weight_map": tensor -> file)."""
+    weight_map = storage.read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(v, str) and v and "/" not in v for v in weight_map.values()):
+        raise UserInputError(f"{index}: no \"weight_map\" of tensor names to file names in this directory")
+    names = sorted(set(weight_map.values()))
+    missing = [n for n in names if not storage.gfile.exists(_path(os.path.dirname(index), n))]
+    if missing:
+        raise UserInputError(f"{index}: names {missing[0]}, which is not in its directory")
+    return names
+
+
 def vocab_path(directory: str) -> str:
     return _path(directory, VOCAB_FILE)
 
@@ -228,5 +240,4 @@ def read_tokenizer_config(directory: str) -> dict:
     path = _path(directory, TOKENIZER_CONFIG_FILE)
     if not storage.gfile.exists(path):
         return {}
-    with storage.gfile.GFile(path) as f:
-        return json.load(f)
+    return storage.read_json_object(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats.text import read_text
 from pmi_jax.storage import gfile, join, read_json_object
 
 VOCAB_TXT = "masking_vocab.txt"
@@ -88,7 +89,7 @@ def load_ngrams(path: str) -> list[tuple[str, ...]]:
     if not gfile.exists(file):
         raise UserInputError(f"{file}: no such file")
     with gfile.GFile(file, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+        text = read_text(file, f.read())
     ngrams = [tuple(line.split(" ")) for line in (raw.strip(" \t\r") for raw in text.split("\n")) if line]
     ngrams = [tuple(w for w in ngram if w) for ngram in ngrams]
     if not ngrams:

@@ -1,17 +1,12 @@
-"""The contents of a `pmi-jax eval perplexity` result file (its name in the run directory:
+"""The contents of a `pmi-jax eval perplexity` result file (named by
 `pmi_jax.formats.run_dir.perplexity_result_path`).
 
-    {"unit": "token" | "word" | NAME, "split", "step", "scheme", "seed", "positions", ...,
-     "perplexity", "mean_nll", "num_tokens", "num_units", "num_sequences", "interval": {...},
-     "scored_set": sha256 of which tokens were scored,
-     "scores": {"sequence": [...], "count": [...], "position": [...], "unit": [...], "nll": [...]}}
-
-`scores` keeps every scored token's negative log-likelihood, so that `pmi-jax compare` can pair
-runs token by token: `sequence` and `count` run-length encode the sequence index of the
-`position`, `unit`, `nll` columns (one entry per scored token; a unit is named by its first
-position; NLLs in nats, rounded to 1e-6). `scored_set` is equal for every run scored on the same
-corpus, split, unit kind, seed and positions. Files from before units existed (no `unit`, no
-`scores`) read as unit `token` without scores.
+JSON: unit, split, step, scheme, seed, positions, perplexity, mean_nll, counts, `interval`,
+`scored_set` (sha256 of which tokens were scored: equal for every run scored on the same corpus,
+split, unit kind, seed and positions) and `scores`, every scored token's NLL (nats, rounded to
+1e-6) with its sequence (run-length encoded), position and unit, so `pmi-jax compare` can pair
+runs token by token. Files from before units read as unit `token` without scores. Field list:
+docs/design.md, "Module notes", perplexity_result.py.
 """
 from __future__ import annotations
 
@@ -54,16 +49,36 @@ def write(path: str, result: dict) -> None:
         f.write(json.dumps(result, separators=(",", ":")) + "\n")
 
 
-def read(path: str) -> dict:
-    """The result, `unit` filled in for older files, `scores` decoded (None when absent)."""
+# The fields readers use, with their types: `compare` tabulates them, `export hf --perplexity`
+# quotes them in the model card; a string or binary bytes there would surface as a traceback.
+FIELDS = {"step": int, "split": str, "unit": str, "perplexity": float, "mean_nll": float, "num_tokens": int,
+          "num_sequences": int}
+
+
+def read(path: str, option: str = "") -> dict:
+    """The result, `unit` filled in for older files, `scores` decoded (None when absent); its
+    fields and their types checked, a one-line error naming `option` and `path` otherwise."""
+    name = f"{option} {path}".strip()
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{name}: no such file")
     try:
         with storage.gfile.GFile(path, "rb") as f:
             result = json.loads(f.read().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{path}: not JSON ({e})") from None
+        raise UserInputError(f"{name}: not JSON ({e})") from None
     if not isinstance(result, dict) or "perplexity" not in result or "step" not in result:
-        raise UserInputError(f"{path}: not an `eval perplexity` result (no perplexity or step)")
+        raise UserInputError(f"{name}: not an `eval perplexity` result (no perplexity or step)")
     result.setdefault("unit", TOKEN_UNIT)
     result.setdefault("split", "validation")
+    for field, kind in FIELDS.items():
+        value = result.get(field)
+        if kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
+        if not ok:
+            expected = {str: "a string", int: "an integer", float: "a number"}[kind]
+            raise UserInputError(f"{name}: not an `eval perplexity` result ({field} is "
+                                 f"{json.dumps(value)[:40]}, expected {expected})")
     result["scores"] = decode_scores(result["scores"], path) if result.get("scores") else None
     return result

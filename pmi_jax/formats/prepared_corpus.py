@@ -1,25 +1,18 @@
 """The prepared corpus on disk (docs/design.md, "Prepared corpus"): file names, feature names, metadata, record codec.
 
-A data directory holds
-  vocab.txt                                  the WordPiece vocabulary, id = line number
-  tokenizer.json                             only with `--tokenizer`: the Hugging Face tokenizer that
-                                             wrote the ids (vocab.txt lists its tokens by id)
-  {split}-{i:05d}-of-{n:05d}.tfrecord        split in ("train", "validation")
-  metadata.json                              written last: the run's record, with each shard's size
-Each record is a `tf.train.Example` for one packed sequence of T <= seq_len tokens, unpadded,
-every feature an int64 list of length T:
-  input_ids      [CLS] tok ... [SEP]  (a [SEP] also separates two documents inside a sequence)
-  word_ids       whole-word index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
-  units_<name>   masking-unit index within the sequence, 0, 1, ...; -1 on [CLS] and [SEP]
-
-`PreparedCorpus` opens such a directory and checks that it is what its metadata says (every
-shard present with its recorded size, vocab.txt with its recorded hash); every reader opens
-corpora through it. The writer is preprocess/corpus/prepare.py.
+A data directory holds vocab.txt, tokenizer.json (only with `--tokenizer`),
+`{split}-{i:05d}-of-{n:05d}.tfrecord` shards and metadata.json (written last). Each record is
+one unpadded packed sequence as a `tf.train.Example` of int64 lists: `input_ids`, `word_ids`
+and `units_<name>` (-1 on [CLS] and [SEP]). `PreparedCorpus` opens a directory and checks it
+against its metadata (shard sizes, vocab.txt's hash); every reader opens corpora through it and
+reads shards inside `reading`, which names a shard whose sha256 differs from the recorded one.
+The writer is preprocess/corpus/prepare.py.
 """
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -135,10 +128,10 @@ def read_metadata(data_dir: str) -> dict:
     Keys: format_version, seq_len, seed, validation_fraction, wordpiece {path, source, sha256,
     size, trained}, special_ids {pad, unk, cls, sep, mask}, units {name: {source, sha256,
     entries, coverage}}, splits {split: {shards, sequences, tokens, documents, files}},
-    shards {file: {bytes, sequences, tokens, content_tokens, documents, multiword_tokens}},
+    shards {file: {bytes, sha256, sequences, tokens, content_tokens, documents, multiword_tokens}},
     corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint, tokens_per_word
     (content tokens over basic-tokenizer words; splits and shards then hold `words` too). `shards`,
-    `corpus.invalid_utf8_bytes` and the word counts are absent from corpora prepared before they
+    `shards.*.sha256`, `corpus.invalid_utf8_bytes` and the word counts are absent from corpora prepared before they
     were recorded.
     """
     path = metadata_path(data_dir)
@@ -180,8 +173,13 @@ def check_metadata(metadata: dict, path: str) -> None:
 SPECIAL_ID_NAMES = ("pad", "unk", "cls", "sep", "mask")
 
 
-def damaged_shards(data_dir: str, metadata: dict) -> dict[str, str]:
-    """{shard file: what is wrong} for the listed shards that are missing or not the size recorded."""
+def damaged_shards(data_dir: str, metadata: dict, digests: bool = False) -> dict[str, str]:
+    """{shard file: what is wrong} for the listed shards that are missing or not the size recorded.
+
+    With `digests`, every shard's sha256 is also compared with the one recorded (bytes changed
+    in place keep the size); that reads every shard, so openers check sizes only and call this
+    again when a read fails. Corpora prepared before digests were recorded have none to check.
+    """
     recorded = metadata.get("shards", {})
     damaged = {}
     for split in metadata["splits"].values():
@@ -190,12 +188,41 @@ def damaged_shards(data_dir: str, metadata: dict) -> dict[str, str]:
             if not storage.gfile.exists(path):
                 damaged[name] = "missing"
                 continue
-            expected = recorded.get(name, {}).get("bytes")
+            stats = recorded.get(name) if isinstance(recorded.get(name), dict) else {}
+            expected = stats.get("bytes")
             if expected is not None:
                 size = storage.gfile.stat(path).length
                 if size != expected:
                     damaged[name] = f"{size} bytes, {expected} recorded"
+                    continue
+            if digests and stats.get("sha256") and storage.file_sha256(path) != stats["sha256"]:
+                damaged[name] = "damaged (its sha256 is not the one recorded)"
     return damaged
+
+
+def damaged_shards_error(data_dir: str, damaged: dict[str, str]) -> UserInputError:
+    name, what = next(iter(damaged.items()))
+    return UserInputError(f"{data_dir}: shard {name} is {what}"
+                          f"{f' (and {len(damaged) - 1} more)' if len(damaged) > 1 else ''}; "
+                          "rerun the same `pmi-jax corpus prepare` to rewrite it")
+
+
+@contextlib.contextmanager
+def reading(data_dir: str) -> Iterator[None]:
+    """Turn a shard that fails to read (tf.errors.DataLossError) into a one-line error naming it.
+
+    Every reader of shards (training, `data`, `corpus show`, `eval perplexity`) reads inside
+    this block. The failing read names no file, so the digests recorded in metadata.json tell
+    which shard changed; an old corpus without digests gets the reader's own message.
+    """
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        damaged = damaged_shards(data_dir, read_metadata(data_dir), digests=True)
+        if damaged:
+            raise damaged_shards_error(data_dir, damaged) from None
+        raise UserInputError(f"{data_dir}: a shard does not read ({str(e).splitlines()[0][:200]}); its metadata.json "
+                             "records no digests to tell which: rerun `pmi-jax corpus prepare --overwrite`") from None
 
 
 def training_seq_len(requested: int | None, corpus_seq_len: int, data_dir: str) -> int:
@@ -248,10 +275,7 @@ class PreparedCorpus:
         self.splits = [s for s in SPLITS if self.metadata["splits"].get(s, {}).get("files")]
         damaged = damaged_shards(data_dir, self.metadata)
         if damaged:
-            name, what = next(iter(damaged.items()))
-            raise UserInputError(f"{data_dir}: shard {name} is {what}"
-                                 f"{f' (and {len(damaged) - 1} more)' if len(damaged) > 1 else ''}; "
-                                 "rerun the same `pmi-jax corpus prepare` to rewrite it")
+            raise damaged_shards_error(data_dir, damaged)
 
     @property
     def vocab_size(self) -> int:

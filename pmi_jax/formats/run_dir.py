@@ -243,16 +243,31 @@ def read_metrics_file(path: str) -> dict[int, dict]:
         return {}
     rows = {}
     with storage.gfile.GFile(path, "rb") as f:
-        lines = f.read().decode("utf-8").splitlines()
+        lines = f.read().splitlines()
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            rows.setdefault(int(row["step"]), {}).update(row)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise UserInputError(f"{path}:{number}: not a metrics line (JSON with a step)") from None
+        if line.strip():
+            row = parse_metrics_line(line, f"{path}:{number}")
+            rows.setdefault(row["step"], {}).update(row)
     return rows
+
+
+def parse_metrics_line(line: bytes, where: str) -> dict:
+    """One metrics.jsonl line, checked: a JSON object with an integer step and a number (or null,
+    a scalar not measured at that step) for every other field.
+
+    `where` is FILE:LINE for the one-line error; a reader that plotted a string or crashed on
+    binary bytes would hide which line of which run is damaged.
+    """
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with a step)") from None
+    if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        raise UserInputError(f"{where}: not a metrics line (a JSON object with an integer step)")
+    for name, value in record.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise UserInputError(f"{where}: {name} is {json.dumps(value)[:40]}, not a number")
+    return record
 
 
 def read_metrics(logdir: str) -> dict[int, dict]:

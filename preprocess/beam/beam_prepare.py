@@ -1,23 +1,12 @@
 """`pmi-jax corpus prepare` as an Apache Beam pipeline: every shard written by its own worker.
 
-    pmi-jax corpus prepare --input gs://B/corpora/owt --output gs://B/prepared/owt \\
-        --units pmi=gs://B/vocab/pmi --runner DataflowRunner --project P --region us-central2 \\
-        --temp_location gs://B/tmp --setup_file ./setup.py
+    pmi-jax corpus prepare --input gs://B/corpora/owt --output gs://B/prepared/owt --units pmi=gs://B/vocab/pmi --runner DataflowRunner ...
 
-The work is the local pipeline's (preprocess.corpus.prepare), cut where it is already cut: shards.
-
-  plan       here, as the local run does it: check the options and vocabularies, scan the corpus
-             (documents per file and the content hash: one sequential read), assign documents to
-             splits and shards, claim the output directory, and find the shards not yet written.
-  wordpiece  without --wordpiece: word counts over all documents in parallel (the local
-             `wordpiece.count_words`, per batch, summed), then `wordpiece.train_vocab` in one
-             worker, which writes vocab.txt.
-  shards     one Beam element per unwritten shard: `prepare.ShardWriter.write` tokenises,
-             segments into masking units, packs and writes it, exactly as a local worker does.
-  finish     here: metadata.json from the shards' stats, as the local run writes it.
-
-The same inputs and options therefore give byte-identical shards, vocab.txt and metadata.json;
-a rerun after a failed job writes only the missing shards.
+The local pipeline's work (preprocess.corpus.prepare), cut where it is already cut: plan here,
+wordpiece counts in parallel (without --wordpiece), one Beam element per unwritten shard
+(`prepare.ShardWriter.write`), metadata.json here. The same inputs give byte-identical shards,
+vocab.txt and metadata.json; a rerun writes only the missing shards. Stages in full:
+docs/design.md, "Module notes", beam_prepare.py.
 """
 from __future__ import annotations
 

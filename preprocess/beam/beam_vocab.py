@@ -1,25 +1,12 @@
 """`pmi-jax vocab build` as an Apache Beam pipeline, for corpora larger than one machine wants.
 
-    pmi-jax vocab build --input gs://B/corpora/owt --output gs://B/vocab/pmi \\
-        --runner DataflowRunner --project P --region us-central2 --temp_location gs://B/tmp \\
-        --machine_type n2-highmem-16 --setup_file ./setup.py
+    pmi-jax vocab build --input gs://B/corpora/owt --output gs://B/vocab/pmi --runner DataflowRunner ...
 
-The same input and options give the same masking_vocab.txt and masking_vocab.tsv, byte for
-byte, as the local build (docs/design.md, "Words and n-grams" to "Masking vocabulary"), and the
-same stats.json but for elapsed_seconds. The
-stages and the local code each one runs:
-
-  words      preprocess.text.words, on batches of documents (preprocess.beam.beam_pipeline)
-  counts     level by level, the local Apriori rule: n = 1 counts every word; n >= 2 counts
-             the n-grams whose two (n-1)-word sub-grams are frequent (count >= min_count).
-             Grouping by key replaces the local id stream and disk spills; the sub-gram test
-             is a join with the frequent (n-1)-grams, not a side input, so it scales.
-  selection  the frequent n-grams of every length meet in one worker as the local
-             `NgramCounts` table, scored, ranked and cut by preprocess.vocab.build_vocab's own code.
-             Like the local build, this step holds every frequent n-gram in memory (here as
-             Python tuples, of the order of 150 bytes each): give it a highmem worker.
-  coverage   a second pass over the documents, with the selection as a side input.
-  output     preprocess.masking_vocab.write_vocabulary, into a directory renamed when complete.
+Same input and options, same masking_vocab.txt/.tsv bytes as the local build (docs/design.md,
+"Words and n-grams" to "Masking vocabulary"). Stages: words, counts (the local Apriori rule,
+level by level, the sub-gram test as a join), selection (one highmem worker, the local
+`NgramCounts` and build_vocab code), coverage, output. Each stage's local code and the full
+command: docs/design.md, "Module notes", beam_vocab.py.
 """
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def check_output_apart(config, files: Sequence[str]) -> None:
 
 
 def _inside(path: str, directory: str) -> bool:
-    return documents.is_inside(path, directory)
+    return storage.is_inside(path, directory)
 
 
 def read_json(path: str) -> dict | None:
@@ -135,7 +135,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     """
     try:
         prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
-        damaged = prepared_corpus.damaged_shards(output, metadata)
+        damaged = prepared_corpus.damaged_shards(output, metadata, digests=True)
     except UserInputError as e:
         log.warning("%s", e)
         damaged = {name: "unreadable" for name in metadata.get("shards", {})}
@@ -174,12 +174,14 @@ def progress_path(output: str, task) -> str:
 
 
 def is_done(output: str, task) -> bool:
-    """Written by an earlier run: the shard and its stats exist, and the shard has the size recorded."""
+    """Written by an earlier run: the shard and its stats exist, and the shard has the size and
+    sha256 recorded."""
     path = storage.join(output, task.name)
     stats = read_json(progress_path(output, task))
     if stats is None or not storage.gfile.exists(path):
         return False
-    return stats.get("bytes") in (None, storage.gfile.stat(path).length)
+    return (stats.get("bytes") in (None, storage.gfile.stat(path).length)
+            and stats.get("sha256") in (None, storage.file_sha256(path)))
 
 
 def close_run(output: str) -> None:

@@ -1,19 +1,10 @@
 """`pmi-jax corpus prepare`: documents -> WordPiece ids, masking units, packed shards.
 
-The contract: docs/design.md, "Prepared corpus".
-
-The work is cut into shards, each an independent, deterministic job over a fixed list of
-documents: tokenise, segment into units for every masking vocabulary, pack, write. A shard is
-written under a temporary name and renamed when complete, after a small stats file beside it
-(`.progress/`, with the shard's size). A rerun with the same configuration skips finished shards
-(present, with the size recorded), deletes leftover temporary files and does the rest;
-`metadata.json`, written last, records every shard's size and stats. A rerun of a finished
-directory checks it (`formats.prepared_corpus.damaged_shards`, vocab.txt's hash) and, if a shard
-or vocab.txt is missing or damaged, reopens it as an unfinished run that rewrites only those.
-
-Which document goes where depends only on the corpus, --validation-fraction, --shards and
---seed: `validation` takes a seeded random choice of round(fraction * documents) documents, and
-each split's documents, in corpus order, are cut into contiguous runs, one per shard.
+The contract: docs/design.md, "Prepared corpus". The work is cut into shards, each an
+independent, deterministic job (tokenise, segment, pack, write) written under a temporary name
+and renamed; a rerun skips finished shards and rewrites missing or damaged ones; metadata.json
+is written last. Which document goes where depends only on the corpus, --validation-fraction,
+--shards and --seed. Details: docs/design.md, "Module notes", prepare.py.
 """
 from __future__ import annotations
 
@@ -144,7 +135,10 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]],
             raise UserInputError(f"--units {name}={source}: {e}") from None
         if name in loaded:
             raise UserInputError(f"--units {name}=...: the name {name} is given twice")
-        ngrams = [tuple(g) for g in load_ngrams(source)]
+        try:
+            ngrams = [tuple(g) for g in load_ngrams(source)]
+        except UserInputError as e:
+            raise UserInputError(f"--units {name}={source}: {e}") from None
         if storage.gfile.isdir(source):
             built = read_stats(source).get("tokenizer", {}).get("words_sha256")
             ours = tokenizer.words_sha256 if tokenizer is not None else None
@@ -313,6 +307,7 @@ class ShardWriter:
             stats["words"] = self.words
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
+            stats["sha256"] = storage.file_sha256(tmp)
             write_json(progress_path(ctx.output, task), stats)
             storage.gfile.rename(tmp, path, overwrite=True)
         finally:

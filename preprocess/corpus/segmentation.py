@@ -1,31 +1,11 @@
 """Masking units (docs/design.md, "Prepared corpus"): segment each document's words by a masking vocabulary of n-grams.
 
-Definitions, for one document and one vocabulary (n-grams of 2 or more words):
-
-* A *match* is a span of words [s, e) whose words, in order, are a vocabulary n-gram.
-* Units are chosen in rounds. Let M be all matches of the document. While M is not empty:
-    1. Longest match wins: C = the matches of M not strictly inside another match of M.
-    2. Random choice among overlaps: no match of C contains another, so two of them conflict
-       only by partial overlap. Visit C in decreasing *priority* and accept each match that
-       overlaps no match accepted before it in this round.
-    3. M = the matches of M outside C that overlap no accepted match: entries that lost only to
-       a container which itself lost in step 2 get their turn in the next round.
-  The accepted matches are the multi-word units; every other word is a single-word unit.
-* The priority of a match is `span_priority(seed, doc_index, s, e)`: a 64-bit hash, so the
-  same seed gives the same units, another seed an independent fair choice, and the result does
-  not depend on how documents are batched or sharded (ties, which need a hash collision, go to
-  the earlier start).
-
-Consequences, tested in tests/test_segmentation.py: units partition the document and never
-cross it; each multi-word unit is a vocabulary entry; every match that is not a unit overlaps
-a multi-word unit (nothing is left that could still be a unit); and every match that strictly
-contains a unit also overlaps another unit (a unit is never shorter than it needs to be).
-
-Matching runs on integer word ids with a trie whose nodes are integers: the transition
-(node, word) -> child is an int64 hash table, and all positions of a batch advance one word
-per step together, so there are no per-position string joins and no Python loop over words.
-Step 2 runs as rounds of "accept every match that outranks all its undecided neighbours,
-reject their neighbours", which accepts exactly what the sequential visit accepts.
+Units are chosen in rounds over the document's matches: the longest match wins, overlaps are
+settled by a seeded 64-bit hash priority (`span_priority(seed, doc_index, s, e)`), and matches
+that lost only to a losing container get another round. Every other word is a single-word unit.
+The same seed gives the same units whatever the batching or sharding. Matching runs on integer
+word ids with an integer trie (no string joins, no Python loop over words). The full
+definition and its tested consequences: docs/design.md, "Module notes", segmentation.py.
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """WordPiece vocabularies (docs/design.md, "Prepared corpus"): train an uncased one; tokenise.
 
-Reading and writing vocab.txt is `pmi_jax.formats.wordpiece_vocab`.
-
-Tokenisation is split in two so that word boundaries stay exact: words come from
-`preprocess.text.words` (tensorflow_text's BasicTokenizer, lower_case=True) and each word is then cut
-into pieces by tensorflow_text's WordpieceTokenizer. That composition is exactly what
-`tensorflow_text.BertTokenizer(vocab_txt, lower_case=True).tokenize` does, so the ids written
-here are the ids any BERT tokenizer with this vocab.txt produces (tests/test_wordpiece.py checks).
-
-Training uses tensorflow_text's own WordPiece learner (the library behind
-`bert_vocab_from_dataset`) on word counts from `preprocess.text.words`, so a trained vocabulary
-splits words the same way as tokenisation does.
+Reading and writing vocab.txt is `pmi_jax.formats.wordpiece_vocab`. Words come from
+`preprocess.text.words` and are cut into pieces by tensorflow_text's WordpieceTokenizer, which
+is exactly `tensorflow_text.BertTokenizer(vocab_txt, lower_case=True)`, so the ids are any BERT
+tokenizer's with this vocab.txt (tests/test_wordpiece.py). Training uses tensorflow_text's
+WordPiece learner on word counts from the same words.
 """
 from __future__ import annotations
 

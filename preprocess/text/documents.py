@@ -1,24 +1,11 @@
 """Input documents (docs/design.md, "Words and n-grams"): the one reader of corpus files.
 
 `vocab build`, `corpus prepare` and both Beam pipelines read documents only through this module.
-Formats, chosen by file name:
-  *.jsonl, *.json   one JSON object per line; the document is its `text_field` ("text").
-  *.parquet         one document per row: the string column `text_field`.
-  *.arrow           one document per row, likewise: Arrow IPC, the stream format that Hugging
-                    Face `datasets`' `save_to_disk` writes (the random-access file format too).
-  anything else     BERT pretraining text: documents separated by one or more blank lines,
-                    the lines inside a document joined with a single space.
-JSON lines and text may be gzip-compressed (`.gz`). A directory written by `save_to_disk`
-(state.json beside the .arrow files) stands for its Arrow files in the order state.json lists;
-its json side files are not documents. A `DatasetDict` directory (dataset_dict.json) is refused:
-name the split, `DIR/train`, so that a test split never slips into pretraining. Empty and null
-rows are skipped, as blank documents are in text files.
-
-A few bytes that are not valid UTF-8 in real text are replaced with U+FFFD rather than failing
-the job (and counted: `tally_replacements`); a file whose bytes are mostly not UTF-8 (a binary
-file, another encoding) is refused, as are a `.gz` that is not gzip, a JSON line or a column whose
-text field is not a string, and a Parquet or Arrow file that does not parse: each a one-line
-UserInputError naming the file.
+Formats by file name: JSON lines (.jsonl/.json), Parquet, Arrow (and `save_to_disk`
+directories; a DatasetDict is refused: name the split), else BERT pretraining text (documents
+separated by blank lines); JSON lines and text may be gzipped. Stray invalid UTF-8 becomes
+U+FFFD (counted); a file that is not what its name says is a one-line UserInputError naming it.
+Details: docs/design.md, "Module notes", documents.py.
 """
 from __future__ import annotations
 
@@ -27,19 +14,17 @@ import contextvars
 import gzip
 import io
 import json
-import os
 import zlib
 from typing import Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
+from pmi_jax import storage
+from pmi_jax.formats import text as plain_text
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
 DEFAULT_TEXT_FIELD = "text"
 _ROWS_PER_READ = 1024  # rows of a Parquet or Arrow file decoded at a time: bounded memory on any file
-# A file with more than this fraction of its bytes in invalid UTF-8 sequences is not text: random
-# bytes have about 43%, text in a Latin-1 language read as UTF-8 a few percent.
-MAX_INVALID_FRACTION = 0.25
 _TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
 
 
@@ -119,25 +104,14 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(files))
 
 
-def is_inside(path: str, directory: str) -> bool:
-    """Whether `path` is `directory` or lies under it (local paths resolved, URLs compared as text)."""
-    if "://" in path or "://" in directory:
-        path, directory = path.rstrip("/"), directory.rstrip("/")
-    else:
-        path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
 def check_output_apart(inputs: Sequence[str], files: Sequence[str], output: str) -> None:
     """Refuse an --output inside an --input directory (a later run would read it as input) or
     one that holds an input file (replacing the output would delete it)."""
     for pattern in inputs:
-        if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and is_inside(output, pattern):
+        if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and storage.is_inside(output, pattern):
             raise UserInputError(f"--output {output}: lies inside --input {pattern}, so a later run would read "
                                  "this output as input; write it elsewhere")
-    for path in files:
-        if is_inside(path, output):
-            raise UserInputError(f"--output {output}: holds the input file {path}; write it elsewhere")
+    storage.check_output_apart(output, [("--input", path) for path in files])
 
 
 class _GFileReader(io.RawIOBase):
@@ -175,24 +149,6 @@ def _open_binary(path: str) -> Iterator[io.BufferedIOBase]:
         yield gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
 
 
-def _decode(raw: bytes) -> tuple[str, int]:
-    """UTF-8 bytes -> (text with U+FFFD for each invalid sequence, number of invalid bytes)."""
-    try:
-        return raw.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        pass
-    parts, invalid, start = [], 0, 0
-    while True:
-        try:
-            parts.append(raw[start:].decode("utf-8"))
-            return "".join(parts), invalid
-        except UnicodeDecodeError as e:
-            parts.append(raw[start:start + e.start].decode("utf-8"))
-            parts.append("\ufffd")
-            invalid += e.end - e.start
-            start += e.end
-
-
 def _lines(path: str) -> Iterator[str]:
     """The lines of a file as text, split on "\n", "\r\n" and "\r" (Python's universal newlines).
 
@@ -202,18 +158,18 @@ def _lines(path: str) -> Iterator[str]:
     total = invalid = 0
     try:
         with _open_binary(path) as f:
+            plain_text.check_not_wide(f"--input {path}", f.peek(plain_text.SNIFF_BYTES))
             for raw in f:
-                text, bad = _decode(raw)
+                decoded, bad = plain_text.decode(raw)
                 total += len(raw)
                 invalid += bad
-                if "\r" in text:
-                    yield from text.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
+                if "\r" in decoded:
+                    yield from decoded.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
                 else:
-                    yield text
+                    yield decoded
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserInputError(f"--input {path}: not a readable gzip file ({e or type(e).__name__})") from None
-    if invalid > MAX_INVALID_FRACTION * total:
-        raise UserInputError(f"--input {path}: not UTF-8 text ({invalid} of its {total} bytes are not valid UTF-8)")
+    plain_text.check_mostly_valid(f"--input {path}", invalid, total)
     tally = _TALLY.get()
     if invalid and tally is not None:
         tally[path] = tally.get(path, 0) + invalid

@@ -1,23 +1,11 @@
 """Your own tokenizer (docs/tokenizers.md): a Hugging Face `tokenizer.json`, or a cased BERT vocab.txt.
 
-The default path (an uncased BERT vocab.txt, or one trained on the corpus) splits words with
-tensorflow_text (preprocess/text/words.py, preprocess/corpus/wordpiece.py). Any other tokenizer runs here,
-through the `tokenizers` library itself, so that the ids written are the ids it produces:
-
-* words are what the tokenizer's normalizer and pre-tokenizer make of a document, so masking
-  units align with the words the tokenizer cuts into pieces (Metaspace words keep their "▁",
-  ByteLevel words their "Ġ": the masking vocabulary lists words as the tokenizer sees them);
-* the ids of a document are `Tokenizer.encode(document, add_special_tokens=False).ids`, with
-  truncation and padding off and `encode_special_tokens` on: a literal "[SEP]" in a document is
-  text, not a separator, as it must be in pretraining data; each token's word is the encoding's
-  `word_ids`, which index the pre-tokenizer's words.
-
-A vocab.txt with --cased is BERT's cased WordPiece: the `tokenizers` BertNormalizer without
-lower-casing or accent stripping, BertPreTokenizer, WordPiece with [UNK] (HF BertTokenizer with
-do_lower_case=False).
-
-The model's special tokens keep BERT's names ([PAD] at id 0, [UNK], [CLS], [SEP], [MASK]), as
-everywhere in this project; a tokenizer without them is refused with a one-line error.
+The default (uncased BERT vocab.txt) path is tensorflow_text's (preprocess/text/words.py,
+preprocess/corpus/wordpiece.py); any other tokenizer runs here through the `tokenizers` library,
+so the ids written are the ids it produces: words are its normalizer's and pre-tokenizer's,
+ids are `encode(document, add_special_tokens=False)` with special tokens encoded as text, and
+`--cased` vocab.txt is BertTokenizer with do_lower_case=False. BERT's special-token names are
+required. Details: docs/design.md, "Module notes", hf_tokenizer.py.
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """glibc malloc thresholds for array-heavy work, set for a `with` block and put back after it.
 
-By default glibc serves every allocation above its mmap threshold (128 KiB at start, sliding up
-to 32 MiB) with a fresh mmap, and each 4 KiB page of it faults on first touch. The vocabulary
-build makes thousands of multi-megabyte numpy temporaries (per chunk of 2^20 positions, per
-level), and those faults took about 12% of its CPU time. Inside `large_array_malloc()` the
-mmap threshold is 64 MiB and the trim threshold 512 MiB, so those temporaries come from the
-heap and freed memory stays there for the next one.
-
-The thresholds belong to the whole process, so a library function must not change them behind
-its caller's back: the command (`pmi-jax vocab build`) and the benchmark that want them say so.
-glibc has no call that reads them, so the block ends by setting what the process started with:
-glibc's defaults, or `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` where the environment
-sets them, and hands back to the system the free heap memory the block kept. (After any mallopt
-call glibc stops sliding the mmap threshold; there is no call that turns the sliding back on.)
-Not glibc: the block changes nothing.
+Inside `large_array_malloc()` the mmap threshold is 64 MiB and the trim threshold 512 MiB, so
+the vocabulary build's multi-megabyte numpy temporaries come from the heap instead of fresh,
+page-faulting mmaps (benchmarks/README.md, "Figures moved from module docstrings"). The
+thresholds belong to the process, so only the command and the benchmark that want them set
+them; the block ends by restoring glibc's defaults or the environment's. Not glibc: the block
+changes nothing. Details: docs/design.md, "Module notes", malloc_thresholds.py.
 """
 from __future__ import annotations
 

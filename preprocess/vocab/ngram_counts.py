@@ -1,21 +1,11 @@
 """Exact counts of the word n-grams of a corpus, in bounded memory (docs/design.md, "Words and n-grams").
 
-Input: the id stream of preprocess/vocab/word_stream.py. Two stages, both streaming:
-
-1. level 1: unigram counts, from the stream. A word is *frequent* if count >= min_count.
-2. level k = 2..max_n (Apriori): only k-grams whose two (k-1)-sub-grams are frequent can reach
-   min_count, so only those are counted. A frequent (k-1)-gram has a dense id g (its rank among
-   the sorted frequent keys of its level), and the k-gram starting at position i has the key
-   `g_{k-1}[i] * F1 + g_1[i+k-1]` (F1 = number of frequent words); keys of a chunk of the stream
-   are counted with a sort, split into hash partitions and accumulated
-   (preprocess/vocab/partitioned_counts.py: beyond the memory budget they spill to disk, so a corpus
-   larger than RAM finishes). Counts are exact and independent of spilling and workers.
-   The index of the frequent n-gram at each position (n = 2..max_n-1) is stored, 4 bytes per
-   position, in memory if that fits a quarter of the memory budget, else on disk, for the next
-   level and for the coverage pass (preprocess/vocab/coverage.py).
-
-Every sub-span of a frequent n-gram is frequent, so the count of any sub-span of a candidate is
-found by chaining key lookups through the levels (`NgramCounts.span_counts`).
+Input: the id stream of preprocess/vocab/word_stream.py. Level 1 counts words; level k counts
+only the k-grams whose two (k-1)-sub-grams are frequent (Apriori), keyed by dense ids of the
+frequent (k-1)-grams and counted by sort in hash partitions that spill to disk past the memory
+budget (preprocess/vocab/partitioned_counts.py). Counts are exact and independent of spilling
+and workers; sub-span counts come from chained key lookups (`NgramCounts.span_counts`). The
+keys and the per-position index: docs/design.md, "Module notes", ngram_counts.py.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Choosing the masking vocabulary's size from hand-labelled n-grams (the paper's Appendix A).
 
-Levine et al. 2021 label 1,000 n-grams as collocation or not, then grow the list of top-ranked
-n-grams in steps of 50K and score each list M on the labels (Appendix A, Figure 3):
-    r  recall: the percent of the positively labelled n-grams that are in the list
-    c  complement recall: the percent of the negatively labelled n-grams that are NOT in it
-    f  2·r·c / (r + c), highest where both are high; they chose 800K.
-r grows with M and c falls, so f has a maximum. The recommended size is the one with the
-highest f (the smallest such size on ties: our rule; the paper read 800K off its plot).
-
-Which n-grams make the list of size M (`order`):
-    shares  what `vocab build --size M` would write with this vocabulary's options: each length's
-            top quota_n(M) n-grams (preprocess.vocab_selection.quotas) (the default)
-    score   the paper's wording, "adding n-grams from the top ranking PMI_n downwards": the M
-            best scores over all lengths together
-Both read the lists off one built vocabulary, so M runs up to the size it was built with: build
-it larger than the sizes you want to try (e.g. `--size 1500000`).
+Levine et al. 2021 label 1,000 n-grams as collocation or not and score lists of the top M
+n-grams (Appendix A, Figure 3): recall r of the positives, complement recall c of the negatives,
+f = 2·r·c / (r + c); the recommended size has the highest f (smallest on ties: our rule; the
+paper read 800K off its plot). `order` picks which n-grams make the list: `shares` (what
+`vocab build --size M` writes, the default) or `score` (the paper's wording: the M best scores
+over all lengths). Both read one built vocabulary: build it larger than the sizes you try.
 """
 from __future__ import annotations
 
