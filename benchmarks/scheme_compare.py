@@ -163,7 +163,10 @@ def dump(args) -> None:
     special = wordpiece_vocab.special_ids(tokens)
     batches = {}
     for scheme in args.schemes:
-        corpus = batch_sources.read_corpus_info(args.data, scheme, "train", validation=bool(args.eval_batches))
+        corpus = batch_sources.read_corpus_info(args.data, scheme, "train")
+        if args.eval_batches and not corpus.has_validation:
+            raise UserInputError(f"--data {args.data}: no validation split for --eval-batches {args.eval_batches} "
+                                 "(prepare the corpus with --validation-fraction above 0, or pass --eval-batches 0)")
         source = batch_sources.TaskBatches(args.data, scheme, "train", corpus.seq_len, args.batch, args.seed)
         rows = {k: [] for k in KEYS}
         for _, batch in zip(range(args.steps), source.batches(0, 0, 1)):

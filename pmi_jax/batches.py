@@ -49,21 +49,19 @@ class CorpusInfo:
     vocab_size: int
     vocab_sha256: str
     units: tuple[str, ...]
+    has_validation: bool = True  # a validation split to validate on during training
 
 
-def read_corpus_info(data_dir: str, scheme: str, split: str, validation: bool = False) -> CorpusInfo:
-    """Validate that the corpus can feed `scheme` on `split`, and on its validation split when
-    `validation` (pmi_jax.tasks does the checks)."""
+def read_corpus_info(data_dir: str, scheme: str, split: str) -> CorpusInfo:
+    """Validate that the corpus can feed `scheme` on `split` (pmi_jax.tasks does the checks)."""
     from pmi_jax import storage, tasks  # TensorFlow: only when training on a prepared corpus
 
     corpus = tasks.TaskCorpus(data_dir)
     corpus.check_scheme(scheme)
     corpus.files(split)
-    if validation and VALIDATION_SPLIT not in corpus.splits:
-        raise UserInputError(f"--data {data_dir}: no {VALIDATION_SPLIT} split to validate on during training "
-                             "(prepare the corpus with --validation-fraction above 0, or set train.eval_every_steps=0)")
     return CorpusInfo(data_dir=paths.absolute(data_dir), seq_len=corpus.seq_len,
-                      vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path), units=corpus.unit_names)
+                      vocab_size=corpus.vocabulary.vocab_size, vocab_sha256=storage.file_sha256(corpus.vocabulary.path),
+                      units=corpus.unit_names, has_validation=VALIDATION_SPLIT in corpus.splits)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,8 +76,11 @@ def resolve_run(spec: RunSpec) -> ResolvedRun:
         source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size,
                                           seed=config.data.seed, mask_rate=config.data.mask_rate)
     else:
-        corpus = batches.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split,
-                                          validation=config.train.eval_every_steps > 0)
+        corpus = batches.read_corpus_info(config.data.data_dir, config.data.scheme, config.data.split)
+        if config.train.eval_every_steps > 0 and not corpus.has_validation:
+            logging.warning("--data %s has no validation split: no validation during training (prepare the corpus "
+                            "with --validation-fraction above 0 to have it)", config.data.data_dir)
+            config = dataclasses.replace(config, train=dataclasses.replace(config.train, eval_every_steps=0))
         if pretrained is not None:
             from pmi_jax import huggingface
             from pmi_jax.formats import prepared_corpus

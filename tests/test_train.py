@@ -592,7 +592,7 @@ class _StopsAt(train.TaskBatches):
 def test_a_rate_schedule_resumes_exactly_on_a_prepared_corpus(tmp_path, demo_prepared_corpus):
     """Linear 40% -> 10% over 8 steps through the seqio pipeline: a run stopped after its step-4
     checkpoint and resumed logs bitwise the uninterrupted run's losses and validation."""
-    corpus = train.read_corpus_info(demo_prepared_corpus, "pmi", "train", validation=True)
+    corpus = train.read_corpus_info(demo_prepared_corpus, "pmi", "train")
     config = train.configure_for_corpus(_config(
         "model.vocab_size=0", "data.seq_len=0", "model.max_position_embeddings=64", "model.num_layers=1",
         "train.num_steps=8", "checkpoint.every_steps=4", "train.eval_every_steps=4", "train.eval_batches=1",
@@ -609,3 +609,22 @@ def test_a_rate_schedule_resumes_exactly_on_a_prepared_corpus(tmp_path, demo_pre
     assert train.train(config, stopped, source, corpus).step == 8
     assert _losses(stopped) == _losses(whole) and len(_losses(whole)) == 8
     assert _validation(stopped) == _validation(whole) and list(_validation(whole)) == [4, 8]
+
+
+def test_a_corpus_without_a_validation_split_trains_without_validation(tmp_path, caplog):
+    """The default train.eval_every_steps on a corpus prepared with --validation-fraction 0: a warning
+    naming the corpus, and the run's config records validation off (it used to stop the run)."""
+    from pmi_jax import experiment
+    from tests import prepared_data
+
+    data_dir = str(tmp_path / "data")
+    prepared_data.write_prepared_corpus(data_dir, sequences={"train": 4}, shards={"train": 1}, seq_len=32)
+    with caplog.at_level("WARNING"):
+        resolved = experiment.resolve_run(experiment.RunSpec("tiny", data=data_dir, scheme="random_token"))
+    assert resolved.config.train.eval_every_steps == 0 and not resolved.corpus.has_validation
+    assert f"--data {data_dir} has no validation split: no validation during training" in caplog.text
+    with_split = str(tmp_path / "with_split")
+    prepared_data.write_prepared_corpus(with_split, sequences={"train": 4, "validation": 2},
+                                        shards={"train": 1, "validation": 1}, seq_len=32)
+    kept = experiment.resolve_run(experiment.RunSpec("tiny", data=with_split, scheme="random_token"))
+    assert kept.config.train.eval_every_steps == load_config("tiny").train.eval_every_steps > 0

@@ -45,33 +45,17 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pmi_jax import storage
-    from pmi_jax.compare import paper_tables, perplexity_tables, plots, report
-    from pmi_jax.compare.runs import read_finetune_result, read_run
     from pmi_jax.cli import quiet
-    from pmi_jax.errors import UserInputError
+    from pmi_jax.compare.write import write_report
 
     quiet.quiet_checkpoint_reads()
-    storage.check_new_output(args.output, args.overwrite, directory=True, inputs=[("RUN_DIR", r) for r in args.runs])
-    if len(set(r.rstrip("/") for r in args.runs)) != len(args.runs):
-        raise UserInputError("RUN_DIR: a run is named twice")
-    runs = [read_run(path) for path in args.runs]
-    released = [read_finetune_result(path, released=True) for path in args.released]
-    perplexity = perplexity_tables.perplexity_tables(runs, args.split)
-    tables = [*perplexity, *report.finetune_tables(runs)]
-    tables += paper_tables.tables(runs, released)  # the paper's Tables 2, 3, 8 and 6-7, beside the summary above
-    with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=args.overwrite) as tmp:
-        names = [n for n in [plots.mlm_loss(runs, tmp), plots.validation_loss(runs, tmp)] if n]
-        names += plots.perplexity(perplexity, tmp)
-        names += plots.downstream(runs, tmp)
-        with storage.atomic_file(storage.join(tmp, "report.md")) as f:
-            f.write(report.markdown(runs, tables, names))
-    flagged = report.mismatches(runs)
-    print(f"compared {len(runs)} runs ({', '.join(report.labels(runs))}): {storage.join(args.output, 'report.md')}")
-    for table in perplexity:
-        print(f"  {table.title}: {table.verdict()}")
-    for name in names:
-        print(f"  plot: {storage.join(args.output, name)}")
-    if flagged:
-        print(f"  warning: the runs differ in more than the scheme ({len(flagged)} differences; see the report)")
+    written = write_report(args.runs, args.output, released=args.released, split=args.split,
+                           overwrite=args.overwrite)
+    print(f"compared {len(written.labels)} runs ({', '.join(written.labels)}): {written.report}")
+    for title, verdict in written.verdicts:
+        print(f"  {title}: {verdict}")
+    for name in written.plots:
+        print(f"  plot: {name}")
+    if written.mismatches:
+        print(f"  warning: the runs differ in more than the scheme ({written.mismatches} differences; see the report)")
     return 0
