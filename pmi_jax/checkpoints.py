@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import os
+import traceback
 
 import jax
 import orbax.checkpoint as ocp
@@ -126,6 +127,19 @@ class _DropOrbaxNarration(logging.Filter):
         return not (error is not None and any(text in str(error) for text in _WRITE_FAILURE))
 
 
+class _DropAbandonedReadTasks(logging.Filter):
+    """asyncio's "Task exception was never retrieved" for an Orbax read left behind by a failed
+    restore (the same abandoned reads as below, when they ran as tasks): already reported once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith(("Task exception was never retrieved",
+                                                "Future exception was never retrieved")):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+        return not (any("orbax" in frame.filename for frame in frames) or "TensorStore" in str(error))
+
+
 def _drop_abandoned_reads(unraisable, *, previous) -> None:
     """sys.unraisablehook: drop what Orbax's abandoned reads raise after a restore failed.
 
@@ -144,10 +158,11 @@ def _drop_abandoned_reads(unraisable, *, previous) -> None:
 
 @functools.cache
 def _quiet_orbax() -> None:
-    """Once per process: the two filters above."""
+    """Once per process: the three filters above."""
     import sys
 
     logging.getLogger("absl").addFilter(_DropOrbaxNarration())
+    logging.getLogger("asyncio").addFilter(_DropAbandonedReadTasks())
     sys.unraisablehook = functools.partial(_drop_abandoned_reads, previous=sys.unraisablehook)
 
 

@@ -334,3 +334,30 @@ def test_eval_of_something_that_is_no_checkpoint(run_copy, tmp_path, where, expe
     os.makedirs(tmp_path / "run" / "other")
     with pytest.raises(UserInputError, match=f"^{tmp_path / where}: {expected}$"):
         checkpoints.restore_for_eval(str(tmp_path / where))
+
+
+def test_an_abandoned_orbax_read_task_is_not_logged_and_other_task_errors_are(caplog):
+    """asyncio's "Task exception was never retrieved" for a read a failed restore left behind is dropped
+    (the restore's own error is reported once); the same message for any other error still shows."""
+    import asyncio
+    import gc
+
+    from pmi_jax import checkpoints as ckpt
+
+    ckpt._quiet_orbax()
+
+    def leave_a_failed_task(error: Exception) -> None:
+        async def main():
+            async def read():
+                raise error
+            task = asyncio.ensure_future(read())
+            await asyncio.sleep(0.01)
+            del task
+        asyncio.run(main())
+        gc.collect()
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        leave_a_failed_task(Exception("Encountered error while reading array index. See full TensorStore details"))
+        assert "never retrieved" not in caplog.text
+        leave_a_failed_task(ValueError("unrelated"))
+        assert "Task exception was never retrieved" in caplog.text and "unrelated" in caplog.text
