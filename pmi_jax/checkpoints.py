@@ -128,12 +128,12 @@ class _DropOrbaxNarration(logging.Filter):
 
 
 class _DropAbandonedReadTasks(logging.Filter):
-    """asyncio's "Task exception was never retrieved" for an Orbax read left behind by a failed
-    restore (the same abandoned reads as below, when they ran as tasks): already reported once."""
+    """asyncio's "... exception was never retrieved" for Orbax reads or writes left behind by a
+    failed restore or save (as below, when they ran as tasks): the failure is reported once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.getMessage().startswith(("Task exception was never retrieved",
-                                                "Future exception was never retrieved")):
+        # "Task", "Future" or "_GatheringFuture exception was never retrieved", by what was left behind.
+        if "exception was never retrieved" not in record.getMessage().split("\n", 1)[0]:
             return True
         error = record.exc_info[1] if record.exc_info else None
         frames = traceback.extract_tb(error.__traceback__) if error is not None else []
