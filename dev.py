@@ -1,4 +1,9 @@
-"""Set up pmi-jax in ./.venv and run the demo or the tests; needs nothing but Python 3.11.
+"""Set up pmi-jax in ./.venv and run the demo or the tests; needs nothing but Python 3.12.
+
+Any Python 3 may run this script: it builds .venv with a Python 3.12 it finds (the one running it,
+python3.12 on the PATH, or one installed by pyenv), since JAX >= 0.11 needs Python >= 3.12 and
+constraints.txt is resolved for 3.12; without one it stops with one line saying so. A .venv
+made with another Python is rebuilt.
 
     python3 dev.py demo    # the whole pipeline on a small offline corpus
     python3 dev.py test    # the test suite
@@ -12,12 +17,12 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import venv
 
 ROOT = pathlib.Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 STAMP = VENV / "pmi-jax-install.sha256"
+PYTHON_VERSION = (3, 12)  # the version constraints.txt is resolved for (JAX >= 0.11 needs >= 3.12)
 
 
 def _install_fingerprint() -> str:
@@ -25,6 +30,37 @@ def _install_fingerprint() -> str:
     for name in ("setup.py", "constraints.txt"):
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
+
+
+def _version_of(python: str) -> tuple | None:
+    """(major, minor) of the interpreter at `python`, or None when it does not run (a pyenv shim
+    for a version that is installed but not selected exits with an error)."""
+    try:
+        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        return tuple(int(part) for part in out.stdout.split())
+    except ValueError:
+        return None
+
+
+def find_python() -> str:
+    """A Python of PYTHON_VERSION for .venv: this interpreter, python3.12 on PATH, or pyenv's."""
+    name = "python%d.%d" % PYTHON_VERSION
+    candidates = [sys.executable, shutil.which(name)]
+    pyenv_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    candidates += sorted(map(str, pathlib.Path(pyenv_root).glob("versions/%d.%d.*/bin/%s" % (*PYTHON_VERSION, name))),
+                         key=lambda path: [int(p) if p.isdigit() else 0 for p in path.split("/")[-3].split(".")],
+                         reverse=True)  # the newest patch release first
+    for python in candidates:
+        if python and _version_of(python) == PYTHON_VERSION:
+            return python
+    sys.exit(f"dev.py: no Python {'.'.join(map(str, PYTHON_VERSION))} found ({name} on PATH or in "
+             f"{pyenv_root}/versions); JAX needs >= 3.12: install it, e.g. `pyenv install 3.12`")
 
 
 def run(*argv: str) -> None:
@@ -36,9 +72,14 @@ def setup_venv() -> None:
     fingerprint = _install_fingerprint()
     if STAMP.exists() and STAMP.read_text() == fingerprint:
         return
-    if not BIN.joinpath("python").exists():
-        print(f"creating {VENV}", flush=True)
-        venv.create(VENV, with_pip=True)
+    python = BIN / "python"
+    if python.exists() and _version_of(str(python)) != PYTHON_VERSION:
+        print(f"removing {VENV}: its Python is not {'.'.join(map(str, PYTHON_VERSION))}", flush=True)
+        shutil.rmtree(VENV)
+    if not python.exists():
+        base = find_python()
+        print(f"creating {VENV} with {base}", flush=True)
+        run(base, "-m", "venv", str(VENV))
     pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     run(*pip, "-c", "constraints.txt", "-e", ".[dev,bench]")
     # libtpu in a folder of its own: the compile-only tests put it on their subprocesses' path, while

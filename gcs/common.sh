@@ -22,7 +22,7 @@ PROVISIONING=on-demand
 REPO_URL=""
 REPO_REF=HEAD
 REMOTE_DIR=pmi-jax
-PYTHON=python3.11
+PYTHON=python3.12
 RUN_NAME=pretrain
 
 # Where each worker keeps its log (relative to its home directory), and the file name per worker.

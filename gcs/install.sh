@@ -6,7 +6,8 @@ Install pmi-jax on every worker (--worker=all) of TPU_NAME, identically:
   1. the code: with REPO_URL empty, the local checkout's committed tree at REPO_REF
      (git archive; commit your changes first) is copied with 'gcloud compute tpus tpu-vm scp';
      otherwise each worker runs 'git clone REPO_URL' and checks out REPO_REF;
-  2. PYTHON (python3.11) from the Ubuntu archive, and a virtual environment in ~/REMOTE_DIR/.venv;
+  2. PYTHON (python3.12) from the deadsnakes PPA (Ubuntu 22.04's archive stops at 3.11), and a
+     virtual environment in ~/REMOTE_DIR/.venv;
   3. pip install -c constraints.txt -e '.[tpu]': the same pinned versions as every other
      install, plus jax[tpu] (which brings libtpu).
 ~/REMOTE_DIR is replaced each time, so running this again gives a clean, identical install."
@@ -20,6 +21,7 @@ require PROJECT ZONE TPU_NAME REMOTE_DIR PYTHON REPO_REF
 
 archive_name=pmi-jax-src.tar.gz
 steps=(
+  "sudo add-apt-repository -y ppa:deadsnakes/ppa"
   "sudo apt-get update -qq"
   "$(quote_argv sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$PYTHON" "$PYTHON-venv")"
   "$(quote_argv rm -rf "$REMOTE_DIR")"

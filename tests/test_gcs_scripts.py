@@ -153,7 +153,9 @@ def test_install_ships_the_checkout_and_pip_installs_with_constraints_on_every_w
     assert scp[5:7] == [tarball, "pmi-v4-32:pmi-jax-src.tar.gz"]
     assert option(scp, "--worker") == "all" and option(ssh, "--worker") == "all"
     steps = " ".join(remote_words(ssh)).split(" && ")
-    assert "python3.11 -m venv .venv" in steps
+    assert "sudo add-apt-repository -y ppa:deadsnakes/ppa" in steps
+    assert "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.12 python3.12-venv" in steps
+    assert "python3.12 -m venv .venv" in steps
     assert "tar -xzf pmi-jax-src.tar.gz -C pmi-jax" in steps
     assert ".venv/bin/pip install --quiet -c constraints.txt -e .[tpu]" in steps
 
