@@ -15,7 +15,8 @@ def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) ->
     p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`; local "
                    "or gs://)")
     p.add_argument("--scheme", required=True, metavar="SCHEME", help=f"masking scheme: {', '.join(SCHEMES)}; the "
-                   f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
+                   f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary, "
+                   "informask the rates of `pmi-jax corpus informask`")
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
     p.add_argument("--seed", type=int, default=0, help="run seed: masks (and the order, with --shuffle) are a "
                    "function of it, the example and the epoch (default: 0)")

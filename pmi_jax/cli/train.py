@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
                              "model.vocab_size and data.seq_len set). Default: the config's data.data_dir")
     parser.add_argument("--scheme", default=None,
                         help=f"masking scheme: {', '.join(SCHEMES)} ({', '.join(UNIT_SCHEMES)} need that "
-                             "masking vocabulary in the corpus). Default: the config's")
+                             "masking vocabulary in the corpus, informask the rates of `pmi-jax corpus informask`). "
+                             "Default: the config's")
     parser.add_argument("--workdir", default=None,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
                              "checkpoint of the same model and vocabulary is resumed (the newest one that restores; "
