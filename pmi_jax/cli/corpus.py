@@ -190,7 +190,7 @@ def run_show(args: argparse.Namespace) -> int:
 
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
-    corpus = prepared_corpus.PreparedCorpus(args.data_dir)
+    corpus = prepared_corpus.PreparedCorpus(args.data_dir, digests=True)  # damage anywhere, not only in what shows
     names = list(corpus.unit_names)
     if args.units is not None and args.units not in names:
         raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "

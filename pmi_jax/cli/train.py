@@ -115,7 +115,7 @@ def run(args) -> int:
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1
-    if result.status == "preempted":
-        print(f"pmi-jax train: preempted at step {result.step}; checkpoint saved, rerun the same command to resume",
-              file=sys.stderr)
-    return 0
+    if result.status in ("preempted", "interrupted"):
+        print(f"pmi-jax train: {result.status} at step {result.step}; checkpoint saved, rerun the same command to "
+              "resume", file=sys.stderr)
+    return 130 if result.status == "interrupted" else 0  # Ctrl-C: the shell's status for an interrupt
