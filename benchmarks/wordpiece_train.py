@@ -30,6 +30,8 @@ All target 30,522 tokens. `tokenizers` is run twice on the smallest corpus to ch
 `--distinct 2e5 8e5` times the learners alone on synthesized word counts with that many distinct
 words (`synthesized_counts`), so that the threshold search runs several passes, as at the paper's
 size: one pass of the library's learner at threshold 10 and the whole search of the linear one.
+`--distinct 1e5 --learner-workers 2` instead times one linear pass at threshold 10 counted here and
+in 2 worker processes: wall seconds and CPU seconds of this process and its workers.
 """
 from __future__ import annotations
 
@@ -231,6 +233,30 @@ def learners_alone(train_docs: list[str], distinct: int) -> None:
           f"{passes * library_cpu:.0f} | {len(tokens):,} | {_peak_rss_mb():,.0f} |", flush=True)
 
 
+def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
+    """One linear pass at threshold 10, serial then counted in `workers` processes (fresh learners,
+    so both count iteration 0): wall and CPU seconds (this process plus its reaped workers)."""
+    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
+    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    counts = sorted(synthesized_counts(train_docs, distinct).items())
+    results = {}
+    for w in (1, workers):
+        cpu, wall = _cpu_seconds() + _children_cpu_seconds(), time.perf_counter()
+        with WordPieceLearner(counts, SIZE, SPECIAL_TOKENS, workers=w, min_parallel_words=0) as learner:
+            vocab = learner.learn_with_thresh(MIN_PIECE_COUNT)
+        wall, cpu = time.perf_counter() - wall, _cpu_seconds() + _children_cpu_seconds() - cpu
+        results[w] = vocab
+        print(f"| {len(counts):,} | {w} | {wall:.1f} | {cpu:.1f} | {vocab == results[1]} | "
+              f"{os.getloadavg()[0]:.1f} |", flush=True)
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def coverage(vocab_txt: str, held_out: list[str]) -> dict:
     """Tokens per word and [UNK] share on the held-out documents, under one tokenizer for all vocabularies."""
     import numpy as np
@@ -279,6 +305,8 @@ def main() -> None:
     parser.add_argument("--corpus")
     parser.add_argument("--vocab-out")
     parser.add_argument("--distinct", type=float, nargs="+", help="time the learners alone on synthesized counts")
+    parser.add_argument("--learner-workers", type=int, default=0,
+                        help="with --distinct: one linear pass serial and in this many worker processes")
     args = parser.parse_args()
     if args.child:
         return child(args)
@@ -290,6 +318,12 @@ def main() -> None:
           f"tensorflow_text {tensorflow_text.__version__}, tokenizers {tokenizers.__version__}")
     os.makedirs(args.work_dir, exist_ok=True)
     train_docs, held_out = _split_demo(args.demo_dir)
+    if args.distinct and args.learner_workers:
+        print("| distinct words | workers | wall s | CPU s (with workers) | same tokens | load average |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for distinct in args.distinct:
+            learner_workers(train_docs, int(distinct), args.learner_workers)
+        return
     if args.distinct:
         print("| distinct words | learner setup CPU s | library pass CPU s | linear pass CPU s | ratio | same tokens "
               "| passes of the search | linear search CPU s | library search CPU s (passes x pass) | tokens "

@@ -200,3 +200,31 @@ def test_train_vocab_is_unchanged_by_the_linear_time_learner():
             (demo, 4000, "ff39c54bef321ab9f87a8770304dfef467ad7107b095d3226e2cb42272c2c3ac")):
         text = wordpiece_vocab.vocab_text(wordpiece.train_vocab(counts, size=size))
         assert hashlib.sha256(text.encode("utf-8")).hexdigest() == digest, size
+
+
+def test_the_learner_counts_the_same_in_worker_processes():
+    """Each iteration's counting split over 2 or 3 processes (slices of the words; totals summed
+    across them) gives the serial vocabulary, token for token and in order: through the binary
+    search, at the floor threshold, and without the joiner."""
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    rng = np.random.default_rng(7)
+    syllables = ["ka", "to", "ri", "mun", "se", "lo", "pra", "ni", "x", "qu", "e", "ab", "##"]
+    counts: dict[str, int] = {}
+    for _ in range(5_000):
+        word = "".join(rng.choice(syllables, size=int(rng.integers(1, 6))))
+        counts[word] = counts.get(word, 0) + int(rng.zipf(1.5)) % 5_000 + 1
+    counts["##ab"] = counts.get("##ab", 0) + 15  # spelled like a suffix piece: same string, another length
+    table = sorted(counts.items())
+    reserved = list(wordpiece_vocab.SPECIAL_TOKENS)
+    serial = WordPieceLearner(table, 300, reserved)
+    expected = (serial.learn(lower_thresh=2), serial.learn(upper_thresh=10, lower_thresh=10))
+    no_joiner = WordPieceLearner(table, 300, reserved, include_joiner_token=False).learn_with_thresh(5)
+    for workers in (2, 3):
+        with WordPieceLearner(table, 300, reserved, workers=workers, min_parallel_words=0) as learner:
+            assert learner.workers == workers
+            assert (learner.learn(lower_thresh=2), learner.learn(upper_thresh=10, lower_thresh=10)) == expected
+        with WordPieceLearner(table, 300, reserved, include_joiner_token=False, workers=workers,
+                              min_parallel_words=0) as learner:
+            assert learner.learn_with_thresh(5) == no_joiner
+    assert WordPieceLearner(table, 300, reserved, workers=4).workers == 1  # small: counted here

@@ -69,7 +69,8 @@ def _add_prepare(commands) -> None:
                    help="seeds the validation choice and the choice between overlapping vocabulary entries "
                    "(default %(default)s)")
     p.add_argument("--workers", type=int, default=1,
-                   help="processes writing shards in parallel; does not change the output (default %(default)s)")
+                   help="processes counting words, training the WordPiece vocabulary and writing shards; "
+                   "does not change the output (default %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of a different configuration found in --output (a rerun of the "
                    "same configuration needs none: it checks the shards and rewrites what is missing)")

@@ -35,25 +35,26 @@ def count_words(document_batches: Iterable[Sequence[str]]) -> collections.Counte
     return counts
 
 
-def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE) -> list[str]:
+def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE, workers: int = 1) -> list[str]:
     """An uncased WordPiece vocabulary of at most `size` tokens learned from word counts.
 
     The learner binary-searches the piece-frequency threshold that gives about `size` tokens.
     When even the lowest threshold (MIN_PIECE_COUNT) gives fewer tokens, as on a small corpus,
     that vocabulary is the answer and the search is skipped: it would end there anyway, after
     a dozen more passes. Deterministic: counts are fed sorted, and the learner breaks ties by token.
-    The learner is tensorflow_text's, computed in linear time (`wordpiece_learner`): same tokens.
+    The learner is tensorflow_text's, computed in linear time (`wordpiece_learner`, counting in
+    `workers` processes on large inputs): same tokens.
     """
     if size <= len(SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
     if not word_counts:
         raise UserInputError("cannot train a WordPiece vocabulary: the corpus has no words")
-    learner = WordPieceLearner(sorted(word_counts.items()), size, SPECIAL_TOKENS)
-    floor_vocab = learner.learn(upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
-    if len(floor_vocab) <= size:
-        tokens = floor_vocab
-    else:
-        tokens = learner.learn(lower_thresh=MIN_PIECE_COUNT)
+    with WordPieceLearner(sorted(word_counts.items()), size, SPECIAL_TOKENS, workers=workers) as learner:
+        floor_vocab = learner.learn(upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
+        if len(floor_vocab) <= size:
+            tokens = floor_vocab
+        else:
+            tokens = learner.learn(lower_thresh=MIN_PIECE_COUNT)
     tokens = list(tokens)[:size]
     check_bert_vocab(tokens, "(trained)")
     return tokens
