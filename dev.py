@@ -81,6 +81,8 @@ EFFECT_SCHEMES = ("random_token", "pmi")
 EFFECT_SEEDS = (0, 1, 2)
 EFFECT_UNITS = ("token", "word", "pmi")
 EFFECT_POSITIONS = "8"  # units scored per validation sequence and unit kind (docs/experiments.md)
+# Scoring costs a forward pass per unit: the middle and last checkpoints, where training's
+# validation loss (every 1,000 steps, every run) shows the rest of the curve.
 
 
 def run_together(*commands: list[str]) -> None:
@@ -129,8 +131,9 @@ def effect(root: str) -> None:
                                 "--set", f"data.seed={seed}", "--no-progress"])
         run_together(*pending)
     units = [arg for unit in EFFECT_UNITS for arg in ("--unit", unit)]
+    scored_steps = f"{int(final_step) // 2},{final_step}"
     for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):
-        run_together(*([cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", "all", *units,
+        run_together(*([cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", scored_steps, *units,
                         "--positions", EFFECT_POSITIONS, "--skip-existing"] for run_dir in pair))
     run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
     print(f"\nThe comparison: {out / 'report' / 'report.md'}", flush=True)
