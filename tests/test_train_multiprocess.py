@@ -186,7 +186,8 @@ def test_a_signal_to_one_process_checkpoints_every_process(tmp_path, signame, re
     steps = [int(out.split(f"pmi-jax train: {end} at step ")[1].split(";")[0]) for out, end in zip(outputs, ends)]
     assert steps[0] == steps[1] and 2 <= steps[0] < 100000, outputs
     assert all(f"{end}: saved checkpoint at step {steps[0]}" in out for out, end in zip(outputs, ends)), outputs
-    assert f"{signame} received" in outputs[1], outputs[1]
+    # (A SIGTERM is taken by the preemption service itself; a SIGINT first by the trainer, which says so.)
+    assert not interrupted or "SIGINT received" in outputs[1], outputs[1]
     assert os.listdir(workdir / "checkpoints") == [str(steps[0])]
     assert "commit_success.txt" in os.listdir(workdir / "checkpoints" / str(steps[0]) / "state")
     if interrupted:
