@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, trainers
 
 from pmi_jax import vocabularies
 from pmi_jax.cli import main
@@ -29,7 +29,7 @@ from pmi_jax.formats import hf_checkpoint, prepared_corpus, run_dir
 from pmi_jax.storage import file_sha256
 from preprocess.corpus.prepare import PrepareConfig, prepare
 from preprocess.text.demo_corpus import iter_demo_documents
-from tests import eval_data
+from tests import eval_data, hf_tokenizers
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CITIES = ["Paris", "Zürich", "Oslo", "São Paulo"]
@@ -44,14 +44,8 @@ def prepared(tmp_path_factory) -> dict:
     docs = list(itertools.islice(iter_demo_documents(), 300)) + EXTRA * 12
     text = root / "a.txt"
     text.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    cased = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    cased.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
-    cased.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cased.decoder = decoders.WordPiece()
-    unigram = Tokenizer(models.Unigram())
-    unigram.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
-    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
-    unigram.decoder = decoders.Metaspace()
+    cased = hf_tokenizers.cased_wordpiece()
+    unigram = hf_tokenizers.unigram()
     out = {}
     for kind, tokenizer, trainer in (
             ("wordpiece_cased", cased, trainers.WordPieceTrainer(vocab_size=1200, special_tokens=SPECIAL)),
