@@ -190,14 +190,20 @@ def write_prepared_corpus(
             "tokens": sum(len(s["input_ids"]) for s in packed),
             "files": names,
         }
+    units = {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
+             for name in unit_names}
+    return _write_metadata(data_dir, vocab, splits, seq_len=seq_len, seed=seed, units=units)
+
+
+def _write_metadata(data_dir: str, vocab: list[str], splits: dict, *, seq_len: int, seed: int, units: dict) -> dict:
+    """metadata.json of a test corpus whose shards are written (their sizes are read here)."""
     metadata = {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": seq_len,
         "seed": seed,
         "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "size": len(vocab), "trained": True},
         "special_ids": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-        "units": {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
-                  for name in unit_names},
+        "units": units,
         "splits": splits,
         "shards": {name: {"bytes": os.path.getsize(os.path.join(data_dir, name))}
                    for split in splits.values() for name in split["files"]},
@@ -228,17 +234,5 @@ def write_given_sequences(data_dir: str, vocab: list[str], sequences: dict[str, 
                 words = np.where(np.isin(ids, [CLS, SEP]), -1, words)
                 writer.write(prepared_corpus.encode_example({"input_ids": ids, "word_ids": words}))
         splits[split] = {"shards": 1, "sequences": len(rows), "tokens": sum(map(len, rows)), "files": [name]}
-    metadata = {
-        "format_version": prepared_corpus.FORMAT_VERSION,
-        "seq_len": max(len(ids) for rows in sequences.values() for ids in rows),
-        "seed": 0,
-        "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "size": len(vocab), "trained": True},
-        "special_ids": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-        "units": {},
-        "splits": splits,
-        "shards": {name: {"bytes": os.path.getsize(os.path.join(data_dir, name))}
-                   for split in splits.values() for name in split["files"]},
-    }
-    with open(prepared_corpus.metadata_path(data_dir), "w") as f:
-        json.dump(metadata, f, indent=2)
-    return metadata
+    seq_len = max(len(ids) for rows in sequences.values() for ids in rows)
+    return _write_metadata(data_dir, vocab, splits, seq_len=seq_len, seed=0, units={})
