@@ -139,7 +139,13 @@ class StderrFilter:
         sys.stderr.flush()
         read_fd, write_fd = os.pipe()
         command = os.getpid()
+        # The filter is born with these signals blocked: one sent between the fork and its
+        # handlers (as soon as `self.pid` is known) waits for them instead of killing it.
+        passed_on = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+        blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
         self.pid = os.fork()
+        if self.pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
             # The filter outlives the command, which may still have things to say after a
             # signal, and ends at EOF, when the command and its children have closed the pipe.
@@ -150,11 +156,12 @@ class StderrFilter:
             # terminal itself, is not passed on (`_pass_on_interrupts`).
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(signum, functools.partial(_pass_on, command))
-            if hasattr(signal, "sigwaitinfo"):
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            if hasattr(signal, "sigwaitinfo"):  # SIGINT stays blocked, for the thread to take
                 threading.Thread(target=_pass_on_interrupts, args=(command,), daemon=True).start()
+                passed_on.discard(signal.SIGINT)
             else:  # (macOS) a sender cannot be told from the terminal: Ctrl-C reaches the command itself
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
             os.close(write_fd)
             try:
                 _filter_loop(read_fd, 2)
