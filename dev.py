@@ -121,6 +121,21 @@ def demo() -> None:
 EFFECT_SCHEMES = ("random_token", "pmi")
 EFFECT_SEEDS = (0, 1, 2)
 EFFECT_UNITS = ("token", "word", "pmi")
+EFFECT_POSITIONS = "8"  # units scored per validation sequence and unit kind (docs/experiments.md)
+# Scoring costs a forward pass per unit: the middle and last checkpoints, where training's
+# validation loss (every 1,000 steps, every run) shows the rest of the curve.
+
+
+def run_together(*commands: list[str]) -> None:
+    """Run commands side by side and wait for all: one training run keeps about one core busy."""
+    procs = []
+    for argv in commands:
+        print("+", " ".join(argv), flush=True)
+        procs.append(subprocess.Popen(argv, cwd=ROOT))
+    codes = [proc.wait() for proc in procs]
+    for argv, code in zip(commands, codes):
+        if code:
+            raise subprocess.CalledProcessError(code, argv)
 
 
 def effect(root: str) -> None:
@@ -128,12 +143,16 @@ def effect(root: str) -> None:
 
     Every step is a plain `pmi-jax` call and each is skipped or resumed when its output is
     already there: rerun the same command after an interruption to finish what is missing.
-    Runs go seed-major (both schemes at seed 0, then seed 1, ...) so that a partial experiment
-    still compares the schemes on equal seeds.
+    The two schemes of a seed train side by side (a run keeps about one of two cores busy),
+    seed after seed, so that a partial experiment still compares the schemes on equal seeds.
     """
     cli = str(BIN / "pmi-jax")
     out = pathlib.Path(root).resolve()
-    config = str(ROOT / "configs" / "experiments" / "cpu_effect.py")
+    config = ROOT / "configs" / "experiments" / "cpu_effect.py"
+    final_step = subprocess.run(
+        [str(BIN / "python"), "-c", "import runpy, sys; "
+         "print(runpy.run_path(sys.argv[1])['get_config']().train.num_steps)", str(config)],
+        cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     if not (out / "text").is_dir():
         run(cli, "demo-corpus", "--installed", "--output", str(out / "text"))
     if not (out / "vocab_pmi").is_dir():
@@ -143,16 +162,20 @@ def effect(root: str) -> None:
         "--units", f"pmi={out / 'vocab_pmi'}", "--seq-len", "128", "--wordpiece-size", "8000", "--no-progress")
     runs = []
     for seed in EFFECT_SEEDS:
+        pending = []
         for scheme in EFFECT_SCHEMES:
             run_dir = out / "runs" / f"{scheme}-seed{seed}"
             runs.append(str(run_dir))
-            if not (run_dir / "checkpoints" / "8000").is_dir():
-                run(cli, "train", "--config", config, "--data", str(out / "data"), "--scheme", scheme,
-                    "--workdir", str(run_dir), "--set", f"train.seed={seed}", "--set", f"data.seed={seed}")
-    for run_dir in runs:
-        for unit in EFFECT_UNITS:
-            run(cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", "all", "--unit", unit,
-                "--positions", "all", "--skip-existing")
+            if not (run_dir / "checkpoints" / final_step).is_dir():
+                pending.append([cli, "train", "--config", str(config), "--data", str(out / "data"), "--scheme",
+                                scheme, "--workdir", str(run_dir), "--set", f"train.seed={seed}",
+                                "--set", f"data.seed={seed}", "--no-progress"])
+        run_together(*pending)
+    units = [arg for unit in EFFECT_UNITS for arg in ("--unit", unit)]
+    scored_steps = f"{int(final_step) // 2},{final_step}"
+    for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):
+        run_together(*([cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", scored_steps, *units,
+                        "--positions", EFFECT_POSITIONS, "--skip-existing"] for run_dir in pair))
     run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
     print(f"\nThe comparison: {out / 'report' / 'report.md'}", flush=True)
 

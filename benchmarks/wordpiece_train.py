@@ -1,8 +1,9 @@
-"""Time and peak memory of training a WordPiece vocabulary, as the corpus grows: today's
-tensorflow_text learner against Hugging Face `tokenizers`' WordPiece trainer, side by side.
+"""Time and peak memory of training a WordPiece vocabulary, as the corpus grows: tensorflow_text's
+learner, our linear-time computation of it, and Hugging Face `tokenizers`' trainer, side by side.
 
     .venv/bin/pmi-jax demo-corpus --output /tmp/demo_text
     .venv/bin/python benchmarks/wordpiece_train.py /tmp/demo_text --words 1e6 2e6 4e6 8e6
+    .venv/bin/python benchmarks/wordpiece_train.py /tmp/demo_text --distinct 2e5
 
 Corpus: the demo corpus's documents, minus a held-out tenth, repeated and perturbed until it has
 the requested number of words: in every repetition after the first, one occurrence in 8 of a word
@@ -14,15 +15,23 @@ vocabulary, both tokenised by the same tensorflow_text WordpieceTokenizer on BER
 
 Contenders, each in a child process of its own (peak RSS is its own, ru_maxrss):
   tf_text      what `corpus prepare` did before issue 23 without --wordpiece: preprocess.wordpiece.count_words
-               (tensorflow_text's BasicTokenizer, one process) then preprocess.wordpiece.train_vocab
-               (tensorflow_text's learner, binary search of the piece-count threshold)
-  threaded_count  what `corpus prepare` does since issue 23: preprocess.vocab.word_stream.count_words (the
-               vocabulary build's reader, every core, the same counts) then the same train_vocab
+               (tensorflow_text's BasicTokenizer, one process) then tensorflow_text's learner
+               (`library_train_vocab`: the binary search of the piece-count threshold)
+  threaded_count  what `corpus prepare` did at 8d13a8e: preprocess.vocab.word_stream.count_words (the
+               vocabulary build's reader, every core, the same counts) then the same library learner
+  linear_learner  what `corpus prepare` does now: the same threaded count, then wordpiece.train_vocab
+               (preprocess.corpus.wordpiece_learner: the library's result in linear time)
   tokenizers   `tokenizers`' WordPieceTrainer from raw documents: BertNormalizer (lower-case, strip
                accents), BertPreTokenizer, special tokens [PAD] [UNK] [CLS] [SEP] [MASK] first (ids
                0..4), min_frequency 10 (tensorflow_text's MIN_PIECE_COUNT), all cores (rayon)
-Both target 30,522 tokens. `tokenizers` is run twice on the smallest corpus to check determinism
+All target 30,522 tokens. `tokenizers` is run twice on the smallest corpus to check determinism
 (same corpus -> same vocab.txt bytes); its result is printed.
+
+`--distinct 2e5 8e5` times the learners alone on synthesized word counts with that many distinct
+words (`synthesized_counts`), so that the threshold search runs several passes, as at the paper's
+size: one pass of the library's learner at threshold 10 and the whole search of the linear one.
+`--distinct 1e5 --learner-workers 2` instead times one linear pass at threshold 10 counted here and
+in 2 worker processes: wall seconds and CPU seconds of this process and its workers.
 """
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 SIZE = 30_522
-CONTENDERS = ("tf_text", "tokenizers", "threaded_count")
+CONTENDERS = ("tf_text", "tokenizers", "threaded_count", "linear_learner")
 PERTURB_ONE_IN = 8  # after the first repetition, one occurrence in 8 of a word of 4+ letters gets a suffix
 _SUFFIXES = ["s", "ed", "er", "ing", "ism", "ist", "ly", "ness", "ton", "ville", "berg", "ia", "an", "o", "x", "z"]
 
@@ -87,40 +96,63 @@ def write_corpus(train_docs: list[str], words: int, path: str) -> dict:
     return {"words": written, "distinct_whitespace_words": len(distinct), "bytes": os.path.getsize(path)}
 
 
-def run_tf_text(path: str, out_vocab: str) -> dict:
+def library_train_vocab(counts, size: int = SIZE) -> list[str]:
+    """`wordpiece.train_vocab` as it was at 8d13a8e: tensorflow_text's learner itself."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
+
+    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
+    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+
+    ordered, reserved = sorted(counts.items()), list(SPECIAL_TOKENS)
+    tokens = library.learn(ordered, size, reserved, upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
+    if len(tokens) > size:
+        tokens = library.learn(ordered, size, reserved, lower_thresh=MIN_PIECE_COUNT)
+    return list(tokens)[:size]
+
+
+def _count_then_learn(count, learn, out_vocab: str) -> dict:
+    """Time `count()` (word counts) then `learn(counts)` (tokens); write vocab.txt, untimed."""
     from pmi_jax.formats import wordpiece_vocab
+
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    counts = count()
+    count_wall, count_cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    tokens = learn(counts)
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    wordpiece_vocab.write_vocab(out_vocab, tokens)
+    return dict(wall=wall, cpu=cpu, count_wall=count_wall, count_cpu=count_cpu, distinct_words=len(counts),
+                tokens=len(tokens))
+
+
+def run_tf_text(path: str, out_vocab: str) -> dict:
     from preprocess.corpus import wordpiece
     from preprocess.text import documents
 
     wordpiece.count_words([["warm up the tokenizer"]])
-    wall, cpu = time.perf_counter(), _cpu_seconds()
-    counts = wordpiece.count_words(documents.iter_document_batches([path], 1_000_000))
-    count_wall, count_cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-    tokens = wordpiece.train_vocab(counts, SIZE)
-    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-    wordpiece_vocab.write_vocab(out_vocab, tokens)
-    return dict(wall=wall, cpu=cpu, count_wall=count_wall, count_cpu=count_cpu, distinct_words=len(counts),
-                tokens=len(tokens))
+    return _count_then_learn(lambda: wordpiece.count_words(documents.iter_document_batches([path], 1_000_000)),
+                             library_train_vocab, out_vocab)
 
 
-def run_threaded_count(path: str, out_vocab: str) -> dict:
-    """What `corpus prepare` does now: the vocabulary build's threaded word reader, then the same learner."""
+def _threaded_count(path: str):
     import collections
 
-    from pmi_jax.formats import wordpiece_vocab
-    from preprocess.corpus import wordpiece
     from preprocess.vocab.word_stream import count_words
 
     workers = len(os.sched_getaffinity(0))
     count_words([path], workers, batch_chars=1_000)  # warm up: tracing, not timed (counts discarded)
-    wall, cpu = time.perf_counter(), _cpu_seconds()
-    counts = collections.Counter(count_words([path], workers))
-    count_wall, count_cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-    tokens = wordpiece.train_vocab(counts, SIZE)
-    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-    wordpiece_vocab.write_vocab(out_vocab, tokens)
-    return dict(wall=wall, cpu=cpu, count_wall=count_wall, count_cpu=count_cpu, distinct_words=len(counts),
-                tokens=len(tokens))
+    return lambda: collections.Counter(count_words([path], workers))
+
+
+def run_threaded_count(path: str, out_vocab: str) -> dict:
+    """`corpus prepare` at 8d13a8e: the vocabulary build's threaded word reader, then the library's learner."""
+    return _count_then_learn(_threaded_count(path), library_train_vocab, out_vocab)
+
+
+def run_linear_learner(path: str, out_vocab: str) -> dict:
+    """`corpus prepare` now: the same count, then the linear-time learner (wordpiece.train_vocab)."""
+    from preprocess.corpus import wordpiece
+
+    return _count_then_learn(_threaded_count(path), lambda counts: wordpiece.train_vocab(counts, SIZE), out_vocab)
 
 
 def run_tokenizers(path: str, out_vocab: str) -> dict:
@@ -144,6 +176,87 @@ def run_tokenizers(path: str, out_vocab: str) -> dict:
     return dict(wall=wall, cpu=cpu, tokens=len(tokens))
 
 
+def synthesized_counts(train_docs: list[str], distinct: int, seed: int = 0):
+    """Word counts with `distinct` distinct words, shaped like a large corpus's: the demo corpus's
+    BERT words with their counts times 100, plus variants of its words of 4+ letters (one of the
+    16 suffixes, often a number below 100; the base word drawn by its count) with Zipf(1.8) counts,
+    until there are `distinct` words."""
+    import numpy as np
+
+    from preprocess.corpus import wordpiece
+
+    base = wordpiece.count_words([train_docs])
+    counts = {w: 100 * c for w, c in base.items()}
+    stems = [w for w in sorted(base) if len(w) >= 4 and w.isalpha()]
+    weights = np.array([base[w] for w in stems], np.float64)
+    rng = np.random.default_rng(seed)
+    while len(counts) < distinct:
+        n = distinct - len(counts)
+        picks = rng.choice(len(stems), size=n, p=weights / weights.sum())
+        suffixes, numbers, with_number = (rng.integers(len(_SUFFIXES), size=n), rng.integers(100, size=n),
+                                          rng.random(n) < 0.6)
+        zipf = np.minimum(rng.zipf(1.8, size=n), 10_000)
+        for i in range(n):
+            word = stems[picks[i]] + _SUFFIXES[suffixes[i]] + (str(numbers[i]) if with_number[i] else "")
+            counts[word] = counts.get(word, 0) + int(zipf[i])
+    return counts
+
+
+def learners_alone(train_docs: list[str], distinct: int) -> None:
+    """One pass at threshold 10 of the library's learner and of the linear one, and the linear one's
+    whole search (what train_vocab runs), on the same synthesized counts; CPU seconds of this process."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
+
+    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
+    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    counts = sorted(synthesized_counts(train_docs, distinct).items())
+    cpu = _cpu_seconds()
+    one = WordPieceLearner(counts, SIZE, SPECIAL_TOKENS)
+    prepare_cpu = _cpu_seconds() - cpu
+    cpu = _cpu_seconds()
+    linear_pass = one.learn_with_thresh(MIN_PIECE_COUNT)
+    linear_cpu = _cpu_seconds() - cpu
+    cpu = _cpu_seconds()
+    library_pass = library.learn_with_thresh(one.filtered, MIN_PIECE_COUNT, one.params)
+    library_cpu = _cpu_seconds() - cpu
+    cpu = _cpu_seconds()
+    learner = WordPieceLearner(counts, SIZE, SPECIAL_TOKENS)  # train_vocab's two calls, from scratch
+    tokens = learner.learn(upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
+    if len(tokens) > SIZE:
+        tokens = learner.learn(lower_thresh=MIN_PIECE_COUNT)
+    search_cpu = _cpu_seconds() - cpu
+    passes = len(learner._vocabs)
+    print(f"| {len(counts):,} | {prepare_cpu:.1f} | {library_cpu:.1f} | {linear_cpu:.1f} | "
+          f"{library_cpu / linear_cpu:.1f} | {linear_pass == library_pass} | {passes} | {search_cpu:.1f} | "
+          f"{passes * library_cpu:.0f} | {len(tokens):,} | {_peak_rss_mb():,.0f} |", flush=True)
+
+
+def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
+    """One linear pass at threshold 10, serial then counted in `workers` processes (fresh learners,
+    so both count iteration 0): wall and CPU seconds (this process plus its reaped workers)."""
+    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
+    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    counts = sorted(synthesized_counts(train_docs, distinct).items())
+    results = {}
+    for w in (1, workers):
+        cpu, wall = _cpu_seconds() + _children_cpu_seconds(), time.perf_counter()
+        with WordPieceLearner(counts, SIZE, SPECIAL_TOKENS, workers=w, min_parallel_words=0) as learner:
+            vocab = learner.learn_with_thresh(MIN_PIECE_COUNT)
+        wall, cpu = time.perf_counter() - wall, _cpu_seconds() + _children_cpu_seconds() - cpu
+        results[w] = vocab
+        print(f"| {len(counts):,} | {w} | {wall:.1f} | {cpu:.1f} | {vocab == results[1]} | "
+              f"{os.getloadavg()[0]:.1f} |", flush=True)
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def coverage(vocab_txt: str, held_out: list[str]) -> dict:
     """Tokens per word and [UNK] share on the held-out documents, under one tokenizer for all vocabularies."""
     import numpy as np
@@ -161,7 +274,8 @@ def coverage(vocab_txt: str, held_out: list[str]) -> dict:
 
 
 def child(args) -> None:
-    run = {"tf_text": run_tf_text, "tokenizers": run_tokenizers, "threaded_count": run_threaded_count}[args.child]
+    run = {"tf_text": run_tf_text, "tokenizers": run_tokenizers, "threaded_count": run_threaded_count,
+           "linear_learner": run_linear_learner}[args.child]
     result = run(args.corpus, args.vocab_out)
     result["peak_rss_mb"] = _peak_rss_mb()
     with open(args.vocab_out, "rb") as f:
@@ -190,6 +304,9 @@ def main() -> None:
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--corpus")
     parser.add_argument("--vocab-out")
+    parser.add_argument("--distinct", type=float, nargs="+", help="time the learners alone on synthesized counts")
+    parser.add_argument("--learner-workers", type=int, default=0,
+                        help="with --distinct: one linear pass serial and in this many worker processes")
     args = parser.parse_args()
     if args.child:
         return child(args)
@@ -201,6 +318,20 @@ def main() -> None:
           f"tensorflow_text {tensorflow_text.__version__}, tokenizers {tokenizers.__version__}")
     os.makedirs(args.work_dir, exist_ok=True)
     train_docs, held_out = _split_demo(args.demo_dir)
+    if args.distinct and args.learner_workers:
+        print("| distinct words | workers | wall s | CPU s (with workers) | same tokens | load average |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for distinct in args.distinct:
+            learner_workers(train_docs, int(distinct), args.learner_workers)
+        return
+    if args.distinct:
+        print("| distinct words | learner setup CPU s | library pass CPU s | linear pass CPU s | ratio | same tokens "
+              "| passes of the search | linear search CPU s | library search CPU s (passes x pass) | tokens "
+              "| peak RSS MB |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for distinct in args.distinct:
+            learners_alone(train_docs, int(distinct))
+        return
     print("| words | distinct words | contender | wall s | CPU s | of which counting CPU s | peak RSS MB | tokens "
           "| tokens/word held out | [UNK] share |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -217,9 +348,10 @@ def main() -> None:
             print(f"| {info['words']:,} | {distinct:,} | {contender} | "
                   f"{r['wall']:.1f} | {r['cpu']:.1f} | {counting} | {r['peak_rss_mb']:,.0f} | {r['tokens']:,} "
                   f"| {r['tokens_per_word']:.4f} | {r['unk_share']:.5f} |", flush=True)
-        if "tf_text" in results and "threaded_count" in results:
-            print(f"threaded count gives tf_text's vocab.txt: "
-                  f"{results['tf_text']['vocab_sha256'] == results['threaded_count']['vocab_sha256']}", flush=True)
+        ours = [c for c in ("tf_text", "threaded_count", "linear_learner") if c in results]
+        if len(ours) > 1:
+            print(f"{', '.join(ours)} give the same vocab.txt: "
+                  f"{len({results[c]['vocab_sha256'] for c in ours}) == 1}", flush=True)
         if "tokenizers" not in results:
             continue
         assert results["tokenizers"]["first_tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import traceback
+import warnings
 
 import jax
 import orbax.checkpoint as ocp
@@ -137,7 +138,9 @@ class _DropAbandonedReadTasks(logging.Filter):
             return True
         error = record.exc_info[1] if record.exc_info else None
         frames = traceback.extract_tb(error.__traceback__) if error is not None else []
-        return not (any("orbax" in frame.filename for frame in frames) or "TensorStore" in str(error))
+        # TensorStore's own errors ("... in OCDBT database ...") may arrive without Orbax frames.
+        return not (any("orbax" in frame.filename for frame in frames)
+                    or any(name in str(error) for name in ("TensorStore", "OCDBT")))
 
 
 def _drop_abandoned_reads(unraisable, *, previous) -> None:
@@ -164,6 +167,13 @@ def _quiet_orbax() -> None:
     logging.getLogger("absl").addFilter(_DropOrbaxNarration())
     logging.getLogger("asyncio").addFilter(_DropAbandonedReadTasks())
     sys.unraisablehook = functools.partial(_drop_abandoned_reads, previous=sys.unraisablehook)
+
+
+def _forget_abandoned_reads() -> None:
+    """After a restore failed: Orbax's reads of the other arrays are coroutines no one will
+    await, and Python warns of each at exit ("coroutine '...' was never awaited"), after the
+    command's own error line. The failure is reported already; pmi-jax runs no coroutines."""
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
 
 
 @functools.cache
@@ -272,6 +282,7 @@ def restore_newest(plan: ResumePlan, target: dict) -> tuple[int, dict, dict] | N
             state, metadata = checkpointer.restore(step, target)
         except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
             unreadable.append(Unreadable(step, f"state: {_reason(e)}"))
+            _forget_abandoned_reads()
             continue
         restored = step, state, metadata
         break
@@ -343,6 +354,7 @@ def restore_for_eval(workdir_or_step_dir: str):
                 model_config, params, metadata = _restore_params(checkpointer, step)
             except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
                 unreadable.append(Unreadable(step, _reason(e)))
+                _forget_abandoned_reads()
                 continue
             for u in unreadable:
                 logging.warning("skipped checkpoint %d of %s (%s); evaluating step %d", u.step, workdir, u.reason, step)

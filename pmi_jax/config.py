@@ -23,9 +23,12 @@ from typing import Any
 from pmi_jax.errors import UserInputError
 
 # Masking schemes (docs/design.md, "Masking schemes"), defined once here for the CLI and pmi_jax.masking. The PMI
-# family needs a prepared unit vocabulary of the same name; the others work on any corpus.
-SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")
+# family needs a prepared unit vocabulary of the same name; informask needs the token rates that
+# `pmi-jax corpus informask` computes on the prepared corpus; the others work on any corpus.
+PAPER_SCHEMES = ("random_token", "whole_word", "random_span", "frequency", "naive_pmi", "pmi")  # Levine et al.'s six
+SCHEMES = PAPER_SCHEMES + ("informask",)  # and InforMask (Sadeq et al. 2022), after the paper
 UNIT_SCHEMES = ("frequency", "naive_pmi", "pmi")
+TOKEN_RATE_SCHEMES = ("informask",)
 SYNTHETIC = "synthetic"  # data.data_dir (--data) of the built-in toy corpus, pmi_jax.batches.SyntheticBatches
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 # How the masking rate moves over training (docs/design.md, "Masking rate"): constant, or from
@@ -177,7 +180,7 @@ class DataConfig:
     """
 
     data_dir: str = ""
-    scheme: str = "pmi"  # random_token, whole_word, random_span, frequency, naive_pmi, pmi
+    scheme: str = "pmi"  # one of SCHEMES
     split: str = "train"
     seq_len: int = 0
     seed: int = 0  # masking and shuffling; independent of train.seed

@@ -93,7 +93,8 @@ def export_hf(checkpoint: str, output: str, *, step: int | None = None, vocab: s
     corpus_tokenizer = prepared_corpus.read_tokenizer(metadata.data_dir, corpus) if corpus else None
     card = huggingface.model_card(config=config, metadata=metadata, corpus=corpus,
                                   vocab_size=vocab_size, perplexity=quoted)
-    with storage.write_errors(output), storage.atomic_directory(output, overwrite) as tmp:
+    weights = sum(t.nbytes for t in tensors.values())  # what a full disk's message says the export needs
+    with storage.write_errors(output), storage.needs_space(weights), storage.atomic_directory(output, overwrite) as tmp:
         hf_checkpoint.write_checkpoint(tmp, huggingface.transformers_config(config, vocab_size, pad_id), tensors,
                                        tokens, config.max_position_embeddings, card, corpus_tokenizer)
-    return Exported(metadata.step, len(tensors), sum(t.nbytes for t in tensors.values()) / 2**20)
+    return Exported(metadata.step, len(tensors), weights / 2**20)

@@ -404,7 +404,7 @@ def read_pretrained(directory: str, option: str = "--init-from") -> Pretrained:
     if len(tokens) != fields["vocab_size"]:
         raise UserInputError(f"{option} {directory}: {vocab} has {len(tokens)} tokens but config.json has "
                              f"vocab_size {fields['vocab_size']}")
-    if hf_checkpoint.read_tokenizer_config(directory).get("do_lower_case") is False:
+    if option == "--init-from" and hf_checkpoint.read_tokenizer_config(directory).get("do_lower_case") is False:
         import logging
 
         logging.warning("%s %s is a cased model; pmi-jax lower-cases its inputs", option, directory)

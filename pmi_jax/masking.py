@@ -5,8 +5,9 @@ The contract: docs/design.md, "Masking schemes" and "Determinism". Pure TensorFl
 on its own stateless key (pmi_jax/randomness.py), so a mask is a function of the run seed, the
 example and the epoch. Three steps: `scheme_units` (a unit index per token), `select_units`
 (units in random order, each taken if it still fits the budget) and BERT's 80/10/10
-corruption; steps 2 and 3 run as one XLA computation (`_mask_units`). Why: docs/design.md,
-"Module notes", masking.py.
+corruption; steps 2 and 3 run as one XLA computation (`_mask_units`). informask instead draws
+tokens with probabilities proportional to their rates (`_mask_weighted`; docs/design.md,
+"InforMask"). Why: docs/design.md, "Module notes", masking.py.
 """
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ import tensorflow as tf
 import dataclasses
 import math
 
-from pmi_jax.config import MASK_RATE, MASK_RATE_UNIT, SCHEMES, UNIT_SCHEMES, mask_rate_units
-from pmi_jax.randomness import Stream, random_below, random_uniform
+from pmi_jax.config import MASK_RATE, MASK_RATE_UNIT, SCHEMES, TOKEN_RATE_SCHEMES, UNIT_SCHEMES, mask_rate_units
+from pmi_jax.randomness import Stream, random_below, random_bits, random_uniform
 
 # Schemes whose units come from the prepared corpus, and the unit feature each one reads.
 PREPARED_UNIT_FEATURES = {scheme: f"units_{scheme}" for scheme in UNIT_SCHEMES}
+# informask: every token's weight is at least this, so that a sequence whose tokens all have rate
+# 0 still fills its budget (uniformly among them).
+MIN_TOKEN_WEIGHT = 1e-6
+_CERTAIN = 1.0 - 1e-9  # an inclusion probability this close to 1 is taken as 1
 
 MASK_SHARE = 0.8
 RANDOM_SHARE = 0.1
@@ -178,7 +183,7 @@ def span_units(word_ids_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
 def scheme_units(scheme: str, features: Mapping[str, tf.Tensor], key_Bx2: tf.Tensor) -> tf.Tensor:
     """int32 [B, L]: the unit index per token that `scheme` masks by (-1 on special tokens)."""
     word_ids = tf.cast(features["word_ids"], tf.int32)
-    if scheme == "random_token":
+    if scheme == "random_token" or scheme in TOKEN_RATE_SCHEMES:
         return token_units(word_ids)
     if scheme == "whole_word":
         return word_ids
@@ -326,13 +331,118 @@ def _mask_units(
     Each token of a randomly replaced unit draws its own id from `regular_ids_V` (the
     `REPLACEMENT_IDS` stream, by position).
     """
-    length = input_ids_BxL.shape[1]
     budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1), rate_units_B)
     code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, window)
-    draw_BxL = random_below(key_Bx2, Stream.REPLACEMENT_IDS, length, int(regular_ids_V.shape[0]))
+    return _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id)
+
+
+def _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id) -> tuple[tf.Tensor, tf.Tensor]:
+    """(corrupted ids, weights) from each token's code; a randomised token draws its own id
+    from `regular_ids_V` (the `REPLACEMENT_IDS` stream, by position)."""
+    draw_BxL = random_below(key_Bx2, Stream.REPLACEMENT_IDS, input_ids_BxL.shape[1], int(regular_ids_V.shape[0]))
     corrupted_BxL = tf.where(code_BxL == _RANDOMISED, tf.gather(regular_ids_V, draw_BxL), input_ids_BxL)
     corrupted_BxL = tf.where(code_BxL == _MASKED, mask_id, corrupted_BxL)
     return corrupted_BxL, tf.cast(code_BxL != _UNSELECTED, tf.float32)
+
+
+def inclusion_probabilities(weights_BxL: tf.Tensor, budget_B: tf.Tensor) -> tf.Tensor:
+    """float64 [B, L]: pi_i = min(1, c w_i) with c per row such that the pi sum to the budget.
+
+    The inclusion probabilities of a sample of `budget` positions proportional to weight
+    (w = 0: never). A weight too large for its share to stay below 1 is capped at 1 (certain)
+    and the rest of the budget shared among the others in proportion, repeated until no new
+    weight reaches 1 (at most L rounds; one or two in practice). A row whose positive weights
+    are fewer than its budget takes them all.
+    """
+    w_BxL = tf.cast(weights_BxL, tf.float64)
+    real_BxL = w_BxL > 0
+    budget_B1 = tf.cast(budget_B, tf.float64)[:, None]
+
+    def scale(certain_BxL):
+        free_B1 = tf.reduce_sum(tf.where(certain_BxL, tf.zeros_like(w_BxL), w_BxL), axis=-1, keepdims=True)
+        left_B1 = budget_B1 - tf.reduce_sum(tf.cast(certain_BxL, tf.float64), axis=-1, keepdims=True)
+        return tf.math.divide_no_nan(tf.maximum(left_B1, tf.zeros_like(left_B1)), free_B1)
+
+    def widen(certain_BxL):
+        return certain_BxL | (real_BxL & (scale(certain_BxL) * w_BxL >= _CERTAIN))
+
+    first = tf.zeros_like(real_BxL)
+    certain_BxL, _ = tf.while_loop(lambda new, old: tf.reduce_any(new != old),
+                                   lambda new, old: (widen(new), new), (widen(first), first))
+    return tf.where(certain_BxL, tf.ones_like(w_BxL), scale(certain_BxL) * w_BxL)
+
+
+def systematic_sample(pi_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
+    """bool [B, L]: position i taken with probability exactly pi_i, round(sum pi) positions in all.
+
+    Randomised systematic sampling (Madow 1949; Hartley and Rao 1962): positions with pi = 1
+    are taken; the others are laid end to end in a random order (`WEIGHTED_ORDER`), each an
+    interval of length pi_i, and one random start u in [0, 1) (`WEIGHTED_START`) takes every
+    position whose interval holds a point u + m, m an integer. An interval shorter than 1
+    holds at most one such point, and holds one with probability its length; the intervals
+    fill [0, sum pi), which holds exactly sum pi points. The random order keeps the joint
+    choice free of the positions' order (in document order, neighbours would never be taken
+    together).
+
+    The intervals' ends are float64 sums rescaled to end exactly at the integer
+    round(sum pi): the count never exceeds it, and falls one short only if float rounding
+    left the last end below it and u lands in that gap (a chance below 1e-12).
+    """
+    length = pi_BxL.shape[1]
+    certain_BxL = pi_BxL >= 1.0
+    pi_BxL = tf.cast(pi_BxL, tf.float64)
+    pi_BxL = tf.where(certain_BxL, tf.zeros_like(pi_BxL), pi_BxL)
+    order_BxL = tf.argsort(tf.cast(random_bits(key_Bx2, Stream.WEIGHTED_ORDER, length), tf.int64), axis=-1,
+                           stable=True)
+    pi_ordered = tf.gather(pi_BxL, order_BxL, batch_dims=1)
+    ends = tf.cumsum(pi_ordered, axis=-1)
+    total_B1 = ends[:, -1:]
+    target_B1 = tf.round(total_B1)
+    ends = tf.minimum(ends * tf.math.divide_no_nan(target_B1, total_B1), target_B1)
+    starts = tf.concat([tf.zeros_like(ends[:, :1]), ends[:, :-1]], axis=-1)
+    start_B1 = tf.cast(random_bits(key_Bx2, Stream.WEIGHTED_START, 1), tf.float64) * 2.0 ** -32
+    taken_ordered = (tf.floor(ends + start_B1) > tf.floor(starts + start_B1)) & (pi_ordered > 0)
+    taken_BxL = _segment(tf.cast(taken_ordered, tf.int32), tf.cast(order_BxL, tf.int32), tf.math.unsorted_segment_max)
+    return certain_BxL | (taken_BxL > 0)
+
+
+def weighted_codes(weights_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
+    """int32 [B, L]: `_unit_codes`' codes per token for a sample of `budget` tokens with
+    inclusion probabilities proportional to `weights_BxL` (`inclusion_probabilities`,
+    `systematic_sample`); each selected token's fate is one draw of the `UNIT_FATE` stream at
+    its position: < 0.8 [MASK], < 0.9 a random id, else unchanged."""
+    taken_BxL = systematic_sample(inclusion_probabilities(weights_BxL, budget_B), key_Bx2)
+    fate_BxL = random_uniform(key_Bx2, Stream.UNIT_FATE, weights_BxL.shape[1])
+    code_BxL = tf.where(fate_BxL < MASK_SHARE, _MASKED, tf.where(fate_BxL < MASK_SHARE + RANDOM_SHARE, _RANDOMISED, _KEPT))
+    return tf.where(taken_BxL, code_BxL, _UNSELECTED)
+
+
+def _mask_weighted(
+    input_ids_BxL: tf.Tensor,
+    word_ids_BxL: tf.Tensor,
+    rates_V: tf.Tensor,
+    key_Bx2: tf.Tensor,
+    regular_ids_V: tf.Tensor,
+    mask_id: tf.Tensor,
+    rate_units_B: tf.Tensor,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """informask's (corrupted ids, weights) [B, L]: the budget drawn with each non-special
+    token's inclusion probability proportional to its id's rate (at least `MIN_TOKEN_WEIGHT`)."""
+    content_BxL = word_ids_BxL >= 0
+    budget_B = masking_budget(tf.reduce_sum(tf.cast(content_BxL, tf.int32), axis=-1), rate_units_B)
+    rates_BxL = tf.maximum(tf.gather(rates_V, input_ids_BxL), tf.constant(MIN_TOKEN_WEIGHT, tf.float64))
+    code_BxL = weighted_codes(tf.where(content_BxL, rates_BxL, tf.zeros_like(rates_BxL)), budget_B, key_Bx2)
+    return _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id)
+
+
+@functools.cache
+def _compiled_mask_weighted(length: int, vocab: int, rates: int):
+    """`_mask_weighted` for [B, length] batches, compiled by XLA like `_compiled_mask_units`."""
+    ids = tf.TensorSpec([None, length], tf.int32)
+    return tf.function(_mask_weighted, jit_compile=True, input_signature=[
+        ids, ids, tf.TensorSpec([rates], tf.float64), tf.TensorSpec([None, 2], tf.uint32),
+        tf.TensorSpec([vocab], tf.int32), tf.TensorSpec([], tf.int32), tf.TensorSpec([None], tf.int32),
+    ])
 
 
 @functools.cache
@@ -358,13 +468,15 @@ def mask_batch(
     regular_ids_V: tf.Tensor,
     rate_units_B: tf.Tensor | None = None,
     highest_rate: float = MASK_RATE,
+    token_rates_V: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """Mask a batch of prepared sequences (padded to a static length L) under `scheme`.
 
     `features` holds `input_ids` (0 on padding), `word_ids` and, for the PMI family, the
     scheme's `units_<name>` (-1 on special tokens and padding), all [B, L]; `key_Bx2` are
     the rows' keys (`randomness.example_keys`); `rate_units_B` each row's masking rate in basis
-    points (`MaskRate.units_at`; default 15%), at most `highest_rate`. Returns `inputs` (int32, corrupted), `targets` (int32,
+    points (`MaskRate.units_at`; default 15%), at most `highest_rate`; `token_rates_V`, for
+    informask, each token id's rate (`pmi_jax.formats.informask_rates`). Returns `inputs` (int32, corrupted), `targets` (int32,
     original), `weights` (float32, 1 on every selected token, 0 elsewhere) and `units`
     (int32, the scheme's unit index per token, -1 on special tokens and padding), [B, L].
     """
@@ -373,6 +485,15 @@ def mask_batch(
     if rate_units_B is None:
         rate_units_B = tf.fill(tf.shape(input_ids)[:1], mask_rate_units(MASK_RATE))
     unit_ids = scheme_units(scheme, features, key_Bx2)
+    if scheme in TOKEN_RATE_SCHEMES:
+        if token_rates_V is None:
+            raise ValueError(f"scheme {scheme!r} needs token_rates_V")  # internal: tasks passes the corpus's
+        mask_weighted = _compiled_mask_weighted(length, int(regular_ids_V.shape[0]), int(token_rates_V.shape[0]))
+        corrupted, weights = mask_weighted(
+            input_ids, tf.cast(features["word_ids"], tf.int32), tf.cast(token_rates_V, tf.float64),
+            tf.cast(key_Bx2, tf.uint32), tf.cast(regular_ids_V, tf.int32), tf.constant(mask_id, tf.int32),
+            tf.cast(rate_units_B, tf.int32))
+        return {"inputs": corrupted, "targets": input_ids, "weights": weights, "units": unit_ids}
     # One more draw than the largest budget at the highest rate: one window settles most rows.
     window = masking_budget(length, mask_rate_units(highest_rate)) + 1
     mask_units = _compiled_mask_units(length, int(regular_ids_V.shape[0]), window)

@@ -27,6 +27,8 @@ class Stream(enum.Enum):
     UNIT_FATE = ("example", 1)  # per selected unit: [MASK], random ids or unchanged
     REPLACEMENT_IDS = ("example", 2)  # per token: the id a randomised unit's token gets
     SPAN_LENGTHS = ("example", 3)  # random_span: the length of each span
+    WEIGHTED_ORDER = ("example", 4)  # informask: the random order of the systematic sample
+    WEIGHTED_START = ("example", 5)  # informask: the systematic sample's random start
     # Hashed into an order key with `order_key` (pmi_jax/tasks.py).
     FILE_ORDER = ("order", 1)  # the order of a host's files in an epoch
     WINDOW_ORDER = ("order", 2)  # the permutation inside each shuffle window

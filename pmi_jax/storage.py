@@ -5,8 +5,8 @@ in tests) works wherever a path is accepted; where TensorFlow is not installed (
 accelerator image), through a local-path stand-in with the same calls. Outputs are written under a temporary name and
 renamed when complete, so a killed job never leaves a half-written file or directory behind;
 the temporaries a killed job does leave (`.NAME.tmp-*` beside NAME) carry their writer's pid and
-host, and the next run of the same output sweeps those whose writer is gone
-(docs/reliability.md, "Preprocessing commands").
+host, and the next run of the same output sweeps the work in progress of those whose writer is
+gone, and puts back or keeps (never deletes) an old output set aside (docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 import re
 import socket
 import uuid
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
 
@@ -48,7 +48,8 @@ class _LocalGfile:
 
     @staticmethod
     def stat(path):
-        return type("FileStatistics", (), {"length": os.stat(path).st_size})()
+        found = os.stat(path)
+        return type("FileStatistics", (), {"length": found.st_size, "mtime_nsec": found.st_mtime_ns})()
 
     @staticmethod
     def rmtree(path):
@@ -108,19 +109,21 @@ def read_json_object(path: str, advice: str = "") -> dict:
 def temporary_sibling(path: str, aside: bool = False) -> str:
     """A unique name next to `path`, so the final rename stays on one filesystem.
 
-    `.NAME.tmp-<12 hex>-<pid>-<host>`: the owner in the name lets `sweep_temporaries` tell a
-    killed run's leftovers from a live run's work in progress. `aside`: the name under which
-    `replace_directory` keeps the complete old output while the new one is renamed in
-    (`.NAME.tmp-aside-...`), which `restore_aside` puts back if that run died in between.
+    `.NAME.tmp-<kind>-<12 hex>-<pid>-<host>`: the owner in the name lets `sweep_temporaries`
+    tell a killed run's leftovers from a live run's work in progress, and the kind tells what a
+    leftover may hold. `work-`: something being written (a file, a directory, a probe, spills),
+    never anything the user had, so it may be removed. `aside-`: the complete old output that
+    `replace_directory` keeps while the new one is renamed in, which is never removed unseen.
     """
     path = path.rstrip("/")
     parent, name = os.path.split(path)
-    kind = _ASIDE if aside else ""
+    kind = _ASIDE if aside else _WORK
     return join(parent or ".", f".{name}.tmp-{kind}{uuid.uuid4().hex[:12]}-{os.getpid()}-{socket.gethostname()}")
 
 
 _ASIDE = "aside-"
-_OWNER = re.compile(r"\.tmp-(?:aside-)?[0-9a-f]{12}-(\d+)-(.+)$")
+_WORK = "work-"
+_OWNER = re.compile(r"\.tmp-(?:aside-|work-)?[0-9a-f]{12}-(\d+)-(.+)$")
 
 
 def _owner_alive(name: str, local: bool) -> bool:
@@ -144,6 +147,18 @@ def _owner_alive(name: str, local: bool) -> bool:
     return True
 
 
+def _abandoned(path: str, kind: str | None = None) -> list[str]:
+    """The `.NAME.tmp-*` siblings of `path` whose writer is gone (only those of `kind`, if given)."""
+    path = path.rstrip("/")
+    parent, name = os.path.split(path)
+    parent = parent or "."
+    if not gfile.isdir(parent):
+        return []
+    prefix = f".{name}.tmp-{kind or ''}"
+    return [join(parent, e.rstrip("/")) for e in gfile.listdir(parent)
+            if e.startswith(prefix) and not _owner_alive(e.rstrip("/"), is_local(path))]
+
+
 def restore_aside(path: str) -> str | None:
     """Put back the old output that a killed `--overwrite` had moved aside; return where it was.
 
@@ -155,13 +170,9 @@ def restore_aside(path: str) -> str | None:
     import logging
 
     path = path.rstrip("/")
-    parent, name = os.path.split(path)
-    parent = parent or "."
-    if gfile.exists(path) or not gfile.isdir(parent):
+    if gfile.exists(path):
         return None
-    prefix = f".{name}.tmp-{_ASIDE}"
-    asides = [join(parent, e.rstrip("/")) for e in gfile.listdir(parent)
-              if e.startswith(prefix) and not _owner_alive(e.rstrip("/"), is_local(path))]
+    asides = _abandoned(path, _ASIDE)
     if not asides:
         return None
     newest = max(asides, key=lambda a: gfile.stat(a).mtime_nsec)
@@ -171,25 +182,30 @@ def restore_aside(path: str) -> str | None:
     return newest
 
 
-def sweep_temporaries(path: str) -> list[str]:
+def sweep_temporaries(path: str, name_kept: bool = True) -> list[str]:
     """Remove the `.NAME.tmp-*` siblings of `path` that killed runs left; return what was removed.
 
-    An old output moved aside by a killed `--overwrite` is first put back (`restore_aside`),
-    never deleted while `path` is absent.
+    Only work in progress (`.NAME.tmp-work-*`, and files of any older name) is removed. An old
+    output moved aside by a killed `--overwrite` is put back when `path` is absent
+    (`restore_aside`); one that is not put back (`path` exists, or an older aside), and a
+    directory named before the kinds were (`.NAME.tmp-<hex>-...`, which may be an aside of an
+    earlier version), is kept, with a warning naming it (unless not `name_kept`: a caller whose
+    output's writer sweeps again): nothing the user had is deleted unseen.
     """
+    import logging
+
     restore_aside(path)
-    path = path.rstrip("/")
-    parent, name = os.path.split(path)
-    parent = parent or "."
-    if not gfile.isdir(parent):
-        return []
-    prefix = f".{name}.tmp-"
+    prefix = f".{os.path.basename(path.rstrip('/'))}.tmp-"
     removed = []
-    for entry in gfile.listdir(parent):
-        entry = entry.rstrip("/")
-        if entry.startswith(prefix) and not _owner_alive(entry, is_local(path)):
-            remove_tree(join(parent, entry))
-            removed.append(join(parent, entry))
+    for leftover in _abandoned(path):
+        kind = os.path.basename(leftover)[len(prefix):]
+        if kind.startswith(_WORK) or (not kind.startswith(_ASIDE) and not gfile.isdir(leftover)):
+            remove_tree(leftover)
+            removed.append(leftover)
+        elif name_kept:
+            logging.warning("%s: kept %s, which may hold an earlier output that an interrupted --overwrite "
+                            "moved aside; look inside, then move it back or delete it", path.rstrip("/"),
+                            leftover)
     return removed
 
 
@@ -359,50 +375,114 @@ def write_errors(output: str, option: str = "--output") -> Iterator[None]:
 
     The atomic writers have removed their temporaries by the time this sees the error, so
     nothing half-written is left; the message names the output, the file that failed and the
-    system's reason, with the space left where the disk is full. TensorStore (Orbax's
-    checkpoint writer) reports a full disk as a ValueError "RESOURCE_EXHAUSTED: Failed
-    writing: "PATH" ... [os_error_code='28']", which is read the same way.
+    system's reason and, where the disk is full, the space the write needs (`needs_space`) and
+    the space left. TensorStore (Orbax's checkpoint writer) reports a full disk as a ValueError
+    "RESOURCE_EXHAUSTED: Failed writing: "PATH" ... [os_error_code='28']", read the same way.
     """
     try:
         yield
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
-        raise UserInputError(f"{option} {output}: cannot write {e.filename or output} ({e.strerror}"
-                             f"{_free_space(output) if e.errno == errno.ENOSPC else ''})") from None
+        raise _write_error(option, output, e.filename or output, e.strerror, e,
+                           e.errno in (errno.ENOSPC, errno.EDQUOT)) from None
     except _TF_WRITE_ERRORS as e:
-        raise UserInputError(f"{option} {output}: cannot write ({e.message})") from None
+        raise _write_error(option, output, None, e.message, e, isinstance(e, _TF_WRITE_ERRORS[0])) from None
     except ValueError as e:
         match = _TENSORSTORE_WRITE_FAILURE.search(str(e))
         if match is None:
             raise
-        reason = os.strerror(int(match.group(2)))
-        raise UserInputError(f"{option} {output}: cannot write {match.group(1)} ({reason}"
-                             f"{_free_space(output) if int(match.group(2)) == errno.ENOSPC else ''})") from None
+        code = int(match.group(2))
+        raise _write_error(option, output, match.group(1), os.strerror(code), e, code == errno.ENOSPC) from None
 
 
 _TENSORSTORE_WRITE_FAILURE = re.compile(r"Failed writing: \"([^\"]+)\".*\[os_error_code='(\d+)'\]", re.DOTALL)
+_NEEDED = "pmi_jax_space_needed"  # the attribute `needs_space` sets on an error it lets through
 
 
-def _free_space(path: str) -> str:
-    """"; N MiB free on the disk of `path`" for a full-disk message (empty for URLs)."""
+def _write_error(option: str, output: str, filename: str | None, reason: str, error: BaseException,
+                 full: bool) -> UserInputError:
+    what = f" {filename}" if filename else ""
+    if not full:
+        return UserInputError(f"{option} {output}: cannot write{what} ({reason})")
+    return UserInputError(f"{option} {output}: cannot write{what} ({reason}{_space(output, error)}); make room "
+                          "and rerun the same command")
+
+
+@contextlib.contextmanager
+def needs_space(estimate: int | Callable[[], int], at_least: bool = False) -> Iterator[None]:
+    """Mark an error leaving this block with about how many bytes its writes need.
+
+    A full disk's error says where it failed, not how much room the write wanted; the writer
+    knows (a checkpoint from its arrays, a file from its bytes) and says so here, for
+    `write_errors`' message. `estimate` may be a function, asked only when an error passes;
+    `at_least`: it counts only what was written before the failure. Several blocks may mark one
+    error: the largest estimate stands (the whole output, not the last file of it).
+    """
+    try:
+        yield
+    except Exception as e:
+        with contextlib.suppress(Exception):  # an estimate that fails is left out; the error stands
+            needed = int(estimate() if callable(estimate) else estimate)
+            if needed > getattr(e, _NEEDED, (0, False))[0]:
+                setattr(e, _NEEDED, (needed, at_least))
+        raise
+
+
+def _space(output: str, error: BaseException) -> str:
+    """"; needs about X, Y free on DIR's disk" for a full-disk message (the need only, for URLs)."""
     import shutil
 
-    if not is_local(path):
-        return ""
-    directory = os.path.abspath(path)
+    needed, at_least = getattr(error, _NEEDED, (0, False))
+    text = f"; needs {'at least' if at_least else 'about'} {_size(needed)}" if needed else ""
+    if not is_local(output):
+        return text
+    directory = os.path.abspath(output)
     while not os.path.isdir(directory):
         directory = os.path.dirname(directory)
-    return f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free on {directory}'s disk"
+    return f"{text}{',' if text else ';'} {_size(shutil.disk_usage(directory).free)} free on {directory}'s disk"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def tree_size(path: str) -> int:
+    """Bytes of the files under `path` (a file: its own size; nothing there: 0)."""
+    if not gfile.isdir(path):
+        return gfile.stat(path).length if gfile.exists(path) else 0
+    return sum(gfile.stat(join(directory, name)).length for directory, _, names in gfile.walk(path)
+               for name in names)
+
+
+class _CountingFile:
+    """A file being written that counts the bytes handed to it: the size a failed write needed."""
+
+    def __init__(self, f):
+        self._f = f
+        self.written = 0
+
+    def write(self, data):
+        self.written += len(data.encode("utf-8") if isinstance(data, str) else data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
 
 
 @contextlib.contextmanager
 def atomic_file(path: str, mode: str = "w") -> Iterator:
-    """Open a temporary sibling of `path` for writing; rename it over `path` on success."""
+    """Open a temporary sibling of `path` for writing; rename it over `path` on success.
+
+    A write that fails (a full disk) carries the bytes handed to the file so far, its own
+    failing one included (`needs_space`, at least): for a file written in one piece, its size.
+    """
     tmp = temporary_sibling(path)
+    counted = None
     try:
-        with gfile.GFile(tmp, mode) as f:
-            yield f
+        with needs_space(lambda: counted.written, at_least=True), gfile.GFile(tmp, mode) as f:
+            counted = _CountingFile(f)
+            yield counted
         gfile.rename(tmp, path, overwrite=True)
     finally:
         if gfile.exists(tmp):
@@ -416,14 +496,19 @@ def atomic_directory(path: str, overwrite: bool) -> Iterator[str]:
     The old `path` is first renamed aside, then the new one renamed in, then the old one
     removed: at every instant `path` is either the complete old output, absent, or the complete
     new one, never a mix. A kill leaves at most hidden temporaries, which the next run of the
-    same output sweeps (`sweep_temporaries`).
+    same output sweeps (`sweep_temporaries`). A write that fails carries what the directory
+    already held plus the file being written (`needs_space`).
     """
     path = path.rstrip("/")
     sweep_temporaries(path)
     tmp = temporary_sibling(path)
     gfile.makedirs(tmp)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as e:
+            with needs_space(tree_size(tmp) + getattr(e, _NEEDED, (0,))[0], at_least=True):
+                raise
         replace_directory(tmp, path, overwrite)
     finally:
         remove_tree(tmp)
@@ -443,8 +528,10 @@ def replace_directory(new: str, path: str, overwrite: bool) -> None:
         if aside is not None and not gfile.exists(path):
             gfile.rename(aside, path)  # put the old output back
         raise
-    if aside is not None:
-        remove_tree(aside)
+    if aside is not None:  # renamed to work in progress first: a kill while removing it leaves nothing to keep
+        discard = temporary_sibling(path)
+        gfile.rename(aside, discard)
+        remove_tree(discard)
 
 
 @contextlib.contextmanager
@@ -462,7 +549,7 @@ def scratch_directory(output: str, base: str | None = None) -> Iterator[str]:
         anchor = os.path.abspath(output.rstrip("/"))
     else:
         anchor = os.path.join(base or tempfile.gettempdir(), "pmi-jax-scratch")
-    sweep_temporaries(anchor)
+    sweep_temporaries(anchor, name_kept=anchor != os.path.abspath(output.rstrip("/")))  # the writer names them
     scratch = temporary_sibling(anchor)
     os.makedirs(scratch)
     try:

@@ -1,4 +1,4 @@
-"""seqio Tasks for the six masking schemes over a prepared corpus, and the trainer's input pipeline.
+"""seqio Tasks for the masking schemes over a prepared corpus, and the trainer's input pipeline.
 
 `register_corpus(name, data_dir)` registers a Task `{name}_{scheme}` per scheme the corpus
 supports. `get_dataset` is what the trainer reads: the task's examples through
@@ -18,11 +18,11 @@ import seqio
 import tensorflow as tf
 
 from pmi_jax import masking, randomness
-from pmi_jax.config import check_scheme
+from pmi_jax.config import TOKEN_RATE_SCHEMES, check_scheme
 from pmi_jax.errors import UserInputError
 from pmi_jax.feature_converters import MlmFeatureConverter
 from pmi_jax.vocabularies import WordPieceVocabulary
-from pmi_jax.formats import prepared_corpus
+from pmi_jax.formats import informask_rates, prepared_corpus
 
 SHUFFLE_BUFFER_SIZE = 10_000  # records per shuffle window: ~50 MB of 512-token records
 PREFETCH_BATCHES = 2  # batches made ahead of the trainer: enough to hide a step, bounded across pauses
@@ -43,12 +43,14 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
 
     @property
     def schemes(self) -> list[str]:
-        """The schemes this corpus supports: the PMI family needs its prepared units."""
-        return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names]
+        """The schemes this corpus supports: the PMI family needs its prepared units, informask
+        its token rates (`pmi-jax corpus informask`)."""
+        return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names
+                if s not in TOKEN_RATE_SCHEMES or informask_rates.exists(self.data_dir)]
 
     def check_scheme(self, scheme: str) -> None:
         """`scheme` is a scheme (config.check_scheme, the one rule, for callers that built no
-        DataConfig: register_corpus, get_dataset) and the corpus holds the units it reads."""
+        DataConfig: register_corpus, get_dataset) and the corpus holds the units or rates it reads."""
         check_scheme(scheme, "scheme")
         if scheme in masking.PREPARED_UNIT_FEATURES and scheme not in self.unit_names:
             prepared = ", ".join(self.unit_names) or "none"
@@ -56,6 +58,14 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
                 f"--scheme {scheme}: {self.data_dir} was prepared without a '{scheme}' masking vocabulary "
                 f"(no units_{scheme} feature; prepared unit vocabularies: {prepared})"
             )
+        if scheme in TOKEN_RATE_SCHEMES:
+            self.token_rates  # noqa: B018 (read and checked now, not inside tf.data)
+
+    @functools.cached_property
+    def token_rates(self) -> list[float]:
+        """Each token id's InforMask rate (pmi_jax/formats/informask_rates.py); a one-line error
+        naming the command to run where the corpus has none or they are stale."""
+        return informask_rates.read_rates(self).tolist()
 
     @staticmethod
     def unit_names_for(scheme: str) -> list[str]:
@@ -231,6 +241,7 @@ def mask_examples(
     unit_names = corpus.unit_names_for(scheme)
     mask_id = corpus.special_ids["mask"]
     regular_ids = corpus.regular_ids
+    token_rates = corpus.token_rates if scheme in TOKEN_RATE_SCHEMES else None
 
     def mask(batch, index_B):
         features = parse_records(batch["record"], unit_names, corpus.seq_len)
@@ -238,7 +249,8 @@ def mask_examples(
         rate_units = mask_rate.units_at(index_B // mask_rate.examples_per_step)
         masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
                                     regular_ids_V=tf.constant(regular_ids, tf.int32), rate_units_B=rate_units,
-                                    highest_rate=mask_rate.highest)
+                                    highest_rate=mask_rate.highest,
+                                    token_rates_V=None if token_rates is None else tf.constant(token_rates, tf.float64))
         # word_ids ride along (the feature converter drops them) so that `data dump` can
         # measure units in words.
         return {**masked, "word_ids": features["word_ids"], **{k: batch[k] for k in ("shard", "position", "epoch")}}
@@ -303,7 +315,8 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
     """Register one seqio Task per masking scheme, `{name}_{scheme}`; return their names.
 
     By default every scheme the corpus supports (random_token, whole_word and random_span
-    always, a PMI-family scheme when its `units_<scheme>` feature was prepared); asking for
+    always, a PMI-family scheme when its `units_<scheme>` feature was prepared, informask when
+    `pmi-jax corpus informask` measured its token rates); asking for
     a scheme the corpus lacks is a UserInputError. Registering a name again replaces it.
     The tasks mask `mask_rate` of each sequence's non-special tokens (a constant rate: a
     schedule needs the trainer's steps, `get_dataset`).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import shlex
 import signal
 import time
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, flops, partitioning, paths
+from pmi_jax import checkpoints, flops, partitioning, paths, storage
 from pmi_jax.config import ExperimentConfig, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
@@ -221,7 +222,7 @@ def validate(config: ExperimentConfig, mesh) -> None:
 
 @dataclasses.dataclass
 class RunResult:
-    status: str  # "completed" | "preempted"
+    status: str  # "completed" | "preempted" (SIGTERM) | "interrupted" (SIGINT)
     step: int
     logdir: str
 
@@ -231,22 +232,31 @@ class NonFiniteLoss(Exception):
 
 
 class _Preemption:
-    """SIGTERM -> finish the current step, checkpoint, exit 0.
+    """SIGTERM or SIGINT (Ctrl-C) -> finish the current step, checkpoint, stop.
 
     One process: a Python signal handler sets a flag. Several: jax.distributed's preemption
-    service (which owns SIGTERM there) makes every process agree on the step to stop at.
+    service (which owns SIGTERM there) makes every process agree on the step to stop at, so a
+    SIGINT is passed to it as a SIGTERM to this process. `signal` names the first one received;
+    later ones are the same request (the process group may get one twice: pmi_jax/cli/quiet.py).
     """
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
-        if jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self.signal: str | None = None
+        self._previous = {}
+        signals = [signal.SIGINT] + ([signal.SIGTERM] if jax.process_count() == 1 else [])
+        for signum in signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
 
     def _handle(self, signum, frame):
-        if not self.requested:  # a SIGTERM to the process group may arrive twice (pmi_jax/cli/quiet.py)
-            logging.warning("SIGTERM received: checkpointing after the current step")
-        self.requested = True
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+            logging.warning("%s received: checkpointing after the current step", self.signal)
+            if jax.process_count() > 1 and signum == signal.SIGINT:
+                os.kill(os.getpid(), signal.SIGTERM)  # the preemption service tells every process
 
     def reached(self, step: int) -> bool:
         if jax.process_count() > 1:
@@ -255,9 +265,13 @@ class _Preemption:
             return multihost_utils.reached_preemption_sync_point(step)
         return self.requested
 
+    def status(self) -> str:
+        """The run's end: "interrupted" after a SIGINT here, else "preempted"."""
+        return "interrupted" if self.signal == "SIGINT" else "preempted"
+
     def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 class _MetricsLog:
@@ -374,15 +388,19 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
                        enabled=progress and is_main)
         validation = _Validation.build(config, source, mesh, program) if config.train.eval_every_steps else None
         preemption = _Preemption()
-        try:
-            result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
-                           corpus, validation, bar)
-        finally:
-            bar.close()
-            preemption.restore()
-            checkpointer.wait()
-            checkpointer.close()
-            writer.close()
+        # A full disk's one-line error says how much room the run needs: a checkpoint's arrays.
+        with storage.needs_space(sum(x.nbytes for x in jax.tree.leaves(state.as_dict()))):
+            try:
+                result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
+                               corpus, validation, bar)
+            finally:
+                bar.close()
+                try:
+                    checkpointer.wait()
+                    checkpointer.close()
+                    writer.close()
+                finally:
+                    preemption.restore()  # after the last save: a signal meanwhile asks for what is under way
     if is_main:
         print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {shlex.quote(logdir)})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
@@ -467,8 +485,8 @@ def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, p
             log.write_validation(step, loss, accuracy, seconds)
         if preemption.reached(step):
             save(step)
-            logging.warning("preempted: saved checkpoint at step %d", step)
-            return RunResult("preempted", step, "")
+            logging.warning("%s: saved checkpoint at step %d", preemption.status(), step)
+            return RunResult(preemption.status(), step, "")
         if checkpointer.due(step) or step == num_steps:
             save(step)
     return RunResult("completed", step, "")

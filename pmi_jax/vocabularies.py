@@ -4,12 +4,17 @@ One type serves every reader of a trained model's vocabulary (seqio tooling, eva
 fine-tuning, its SHA-256 in checkpoints). Encoding is tensorflow_text's lower-casing
 BertTokenizer, the project's word splitting; decoding joins `##` pieces and keeps special tokens
 but [PAD] visible. Corpus preparation uses `preprocess.corpus.wordpiece.WordPieceEncoder`
-instead (it needs word boundaries); both give the same ids (tests/test_wordpiece.py). Details:
-docs/design.md, "Module notes", vocabularies.py.
+instead (it needs word boundaries); both give the same ids (tests/test_wordpiece.py).
+A model pretrained on a corpus prepared with `--tokenizer` encodes with that corpus's
+tokenizer.json instead (`TokenizerVocabulary`): fine-tuning must see the ids pretraining saw.
+`model_vocabulary` chooses. Details: docs/design.md, "Module notes", vocabularies.py.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
+import unicodedata
 from typing import Sequence
 
 import numpy as np
@@ -113,6 +118,29 @@ class WordPieceVocabulary(seqio.Vocabulary):
         flat = [np.concatenate([p[k] for p in parts]) if parts else np.zeros([0], np.int64) for k in range(3)]
         return flat[0], flat[1], flat[2], np.cumsum(np.concatenate(lengths))
 
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(ids [T] int32, char_start [T], char_end [T]) of each text: each token's characters in
+        the text as given (SQuAD cuts answers from them). Text is split at white space, each word
+        into pieces; a piece whose offsets do not check out against the normalised word (NFKC
+        expansions, say) spans its whole word."""
+        words_of = [[(m.start(), m.end()) for m in re.finditer(r"\S+", t)] for t in texts]
+        flat = [t[s:e] for t, words in zip(texts, words_of) for s, e in words]
+        piece_ids, piece_starts, piece_ends, row_splits = self.encode_words(flat)
+        out, w = [], 0
+        for text, words in zip(texts, words_of):
+            first = row_splits[w]
+            starts, ends = [], []
+            for word_start, word_end in words:
+                begin, end = row_splits[w], row_splits[w + 1]
+                pieces = zip(piece_ids[begin:end], piece_starts[begin:end], piece_ends[begin:end])
+                for s, e in _word_piece_spans(text[word_start:word_end], pieces, self._tokens, self.unk_id):
+                    starts.append(word_start + s)
+                    ends.append(word_start + e)
+                w += 1
+            out.append((piece_ids[first:row_splits[w]].astype(np.int32), np.array(starts, np.int32),
+                        np.array(ends, np.int32)))
+        return out
+
     def _encode(self, s: str) -> list[int]:
         return self._encode_tf(tf.constant(s)).numpy().tolist()
 
@@ -146,3 +174,104 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     def __str__(self) -> str:
         return f"WordPieceVocabulary(path={self._path}, size={len(self._tokens)})"
+
+
+def _normalized_owner(word: str) -> tuple[bytes, Sequence[int]]:
+    """BERT's normalisation of `word` per character, and the character owning each output byte."""
+    if word.isascii():  # lower-casing keeps every byte where it was
+        return word.lower().encode("ascii"), range(len(word))
+    out, owner = [], []
+    for i, ch in enumerate(word):
+        folded = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", ch).casefold())
+        piece = "".join(c for c in folded if unicodedata.category(c) != "Mn").encode("utf-8")
+        out.append(piece)
+        owner.extend([i] * len(piece))
+    return b"".join(out), owner
+
+
+def _word_piece_spans(word: str, pieces, vocab: Sequence[str], unk_id: int) -> list[tuple[int, int]]:
+    """Character span of each (id, start, end) WordPiece within `word`; the whole word where the
+    byte offsets do not check out against the normalised word."""
+    normalized, owner = _normalized_owner(word)
+    spans = []
+    for token_id, start, end in pieces:
+        text = vocab[token_id][2:] if vocab[token_id].startswith("##") else vocab[token_id]
+        ok = 0 <= start < end <= len(normalized) and (
+            token_id == unk_id or normalized[start:end] == text.encode("utf-8"))
+        if not ok:
+            return [(0, len(word))] * len(pieces)
+        spans.append((owner[start], owner[end - 1] + 1))
+    return spans
+
+
+class TokenizerVocabulary(WordPieceVocabulary):
+    """The vocabulary of a model pretrained on a corpus prepared with `--tokenizer`: text is
+    encoded by that tokenizer.json, through `tokenizers` itself, as `corpus prepare` encoded
+    the pretraining text (no special tokens added, truncation and padding off, "[SEP]" in the
+    text read as text), so fine-tuning sees the same ids. vocab.txt is its tokens by id; the
+    two must agree id for id. Special ids ([CLS], [SEP], [PAD]) are looked up by BERT's names,
+    which `corpus prepare --tokenizer` requires."""
+
+    def __init__(self, vocab_path: str, tokenizer_json: str, source: str):
+        super().__init__(vocab_path)
+        from tokenizers import Tokenizer
+
+        try:
+            self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # tokenizers raises plain Exception subclasses on a bad file
+            raise UserInputError(f"{source}: not a Hugging Face tokenizer.json ({e})") from None
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        self._tokenizer.encode_special_tokens = True
+        self.tokenizer_sha256 = hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
+        if len(vocab) != len(self._tokens) or any(vocab.get(t) != i for i, t in enumerate(self._tokens)):
+            raise UserInputError(f"{source} does not hold the tokens of {vocab_path} id for id ({len(vocab)} "
+                                 f"tokens against {len(self._tokens)}): not the tokenizer of this vocabulary")
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens): `tokenizers`' own."""
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(ids, char_start, char_end) of each text: `tokenizers`' ids and character offsets into the
+        text, a token's leading white space left out (a Metaspace or byte-level token may carry the
+        space before its word; an answer cut from the offsets should not)."""
+        out = []
+        for text, encoding in zip(texts, self._tokenizer.encode_batch(list(texts), add_special_tokens=False)):
+            starts, ends = [], []
+            for start, end in encoding.offsets:
+                while start < end and text[start].isspace():
+                    start += 1
+                starts.append(start)
+                ends.append(end)
+            out.append((np.array(encoding.ids, np.int32), np.array(starts, np.int32), np.array(ends, np.int32)))
+        return out
+
+    def encode_words(self, words: Sequence[str]):
+        raise NotImplementedError("TokenizerVocabulary encodes whole texts (encode_batch, encode_with_offsets)")
+
+    def _encode(self, s: str) -> list[int]:
+        return self.encode_batch([s])[0]
+
+    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError("TokenizerVocabulary encodes in Python (encode_batch); it has no TensorFlow encoder")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TokenizerVocabulary) and (other.path, other.tokenizer_sha256) == (
+            self.path, self.tokenizer_sha256)
+
+    def __hash__(self) -> int:
+        return hash((self._path, self.tokenizer_sha256))
+
+    def __str__(self) -> str:
+        return f"TokenizerVocabulary(path={self._path}, size={len(self._tokens)}, model={self._tokenizer.model})"
+
+
+def model_vocabulary(vocab_path: str, tokenizer_json: str | None = None, source: str = "tokenizer.json"):
+    """The vocabulary that encodes text for a trained model: its corpus's tokenizer.json where it
+    was prepared with `--tokenizer` (`tokenizer_json`, the file's text), else BERT's uncased
+    WordPiece over vocab.txt."""
+    if tokenizer_json is None:
+        return WordPieceVocabulary(vocab_path)
+    return TokenizerVocabulary(vocab_path, tokenizer_json, source)

@@ -1,5 +1,6 @@
 """Faults for the tests: damage done to a saved checkpoint after it was complete (a disk error,
-a truncated copy), and small filesystems that are read-only or full."""
+a truncated copy), small filesystems that are read-only or full, and the check of how a command
+that meets one must end (exit 2, one line on stderr)."""
 import contextlib
 import os
 import subprocess
@@ -31,3 +32,14 @@ def tmpfs(path, options: str):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+def one_line_error(capsys, status: int, *fragments: str) -> str:
+    """Assert that a command run in-process ended as a refused input must: exit status 2 and one
+    line on stderr, `pmi-jax COMMAND: error: ...`, holding every fragment; returns that line."""
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith("pmi-jax "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err

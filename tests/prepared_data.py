@@ -190,14 +190,20 @@ def write_prepared_corpus(
             "tokens": sum(len(s["input_ids"]) for s in packed),
             "files": names,
         }
+    units = {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
+             for name in unit_names}
+    return _write_metadata(data_dir, vocab, splits, seq_len=seq_len, seed=seed, units=units)
+
+
+def _write_metadata(data_dir: str, vocab: list[str], splits: dict, *, seq_len: int, seed: int, units: dict) -> dict:
+    """metadata.json of a test corpus whose shards are written (their sizes are read here)."""
     metadata = {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": seq_len,
         "seed": seed,
         "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "size": len(vocab), "trained": True},
         "special_ids": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-        "units": {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
-                  for name in unit_names},
+        "units": units,
         "splits": splits,
         "shards": {name: {"bytes": os.path.getsize(os.path.join(data_dir, name))}
                    for split in splits.values() for name in split["files"]},
@@ -211,3 +217,22 @@ def read_prepared_split(data_dir: str, split: str) -> list[dict[str, np.ndarray]
     """All sequences of a split in file order, as NumPy arrays (for test oracles)."""
     records = tf.data.TFRecordDataset(prepared_corpus.PreparedCorpus(data_dir).files(split))
     return [prepared_corpus.decode_example(r) for r in records.as_numpy_iterator()]
+
+
+def write_given_sequences(data_dir: str, vocab: list[str], sequences: dict[str, list[list[int]]]) -> dict:
+    """A prepared corpus holding exactly `sequences` ({split: [input_ids with [CLS] and [SEP]]}),
+    each token a word of its own, in one shard per split; for oracles computed by hand."""
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, prepared_corpus.VOCAB_FILE), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    splits = {}
+    for split, rows in sequences.items():
+        name = prepared_corpus.shard_name(split, 0, 1)
+        with tf.io.TFRecordWriter(os.path.join(data_dir, name)) as writer:
+            for ids in rows:
+                words = np.cumsum([t not in (CLS, SEP) for t in ids]) - 1
+                words = np.where(np.isin(ids, [CLS, SEP]), -1, words)
+                writer.write(prepared_corpus.encode_example({"input_ids": ids, "word_ids": words}))
+        splits[split] = {"shards": 1, "sequences": len(rows), "tokens": sum(map(len, rows)), "files": [name]}
+    seq_len = max(len(ids) for rows in sequences.values() for ids in rows)
+    return _write_metadata(data_dir, vocab, splits, seq_len=seq_len, seed=0, units={})

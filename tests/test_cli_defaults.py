@@ -33,7 +33,7 @@ def test_help_shows_the_library_value():
 
     default = LibraryDefault("preprocess.corpus.prepare", "PrepareConfig", "wordpiece_size")
     assert str(default) == str(DEFAULT_SIZE)
-    assert LibraryDefault("pmi_jax.config", "SCHEMES").value()[-1] == "pmi"
+    assert LibraryDefault("pmi_jax.config", "PAPER_SCHEMES").value()[-1] == "pmi"
     help_text = build_parser()._subparsers._group_actions[0].choices["corpus"]._subparsers._group_actions[0] \
         .choices["prepare"].format_help()
     assert f"(default {DEFAULT_SIZE};" in " ".join(help_text.split())

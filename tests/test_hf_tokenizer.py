@@ -15,7 +15,7 @@ import pathlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
@@ -25,6 +25,7 @@ from preprocess.vocab import build_vocab
 from preprocess.vocab.build_vocab import VocabOptions
 from preprocess.text.demo_corpus import iter_demo_documents
 from preprocess.corpus.prepare import PrepareConfig, prepare
+from tests import hf_tokenizers
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EXTRA = ["The United States Air Force and the united states air force.", "Naïve café in Zürich, ÉCOLE normale.",
@@ -48,14 +49,8 @@ def _train(tokenizer: Tokenizer, trainer, docs, path: pathlib.Path) -> pathlib.P
 @pytest.fixture(scope="module")
 def tokenizers_(corpus) -> dict[str, pathlib.Path]:
     root, docs = corpus["root"], corpus["docs"]
-    cased = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    cased.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
-    cased.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cased.decoder = decoders.WordPiece()
-    unigram = Tokenizer(models.Unigram())
-    unigram.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
-    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
-    unigram.decoder = decoders.Metaspace()
+    cased = hf_tokenizers.cased_wordpiece()
+    unigram = hf_tokenizers.unigram()
     bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()

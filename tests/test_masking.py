@@ -1,4 +1,4 @@
-"""Statistical and exact properties of the six masking schemes (docs/design.md, "Masking schemes").
+"""Statistical and exact properties of the masking schemes (docs/design.md, "Masking schemes").
 
 The masks come from the real seqio tasks over a prepared corpus of ~2,000 sequences of
 192 tokens (tests/prepared_data.py), in file order, and are checked against the prepared
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from pmi_jax import masking, randomness, tasks
+from pmi_jax import informask, masking, randomness, tasks
 from tests.prepared_data import CLS, MASK, PAD, SEP, UNK, read_prepared_split, write_prepared_corpus
 
 SCHEMES = masking.SCHEMES
@@ -31,6 +31,7 @@ SEQ_LEN = 192
 def corpus_dir(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("prepared"))
     write_prepared_corpus(data_dir, sequences={"train": 2000, "validation": 40}, seq_len=SEQ_LEN, seed=1)
+    informask.build_rates(data_dir)  # the token rates of the informask scheme
     return data_dir
 
 

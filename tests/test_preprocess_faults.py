@@ -16,6 +16,7 @@ import pytest
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
+from tests.damage import one_line_error as _one_line_error
 from tests.damage import tmpfs as _tmpfs
 
 PHRASES = ["the editor in chief", "new york city", "machine learning", "of the paper", "air force"]
@@ -32,15 +33,6 @@ def corpus(tmp_path_factory) -> pathlib.Path:
 
 def _listing(directory: pathlib.Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
-
-
-def _one_line_error(capsys, status: int, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert err.count("\n") == 1 and err.startswith("pmi-jax "), err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def _vocab_build(inputs, output, *extra) -> int:
@@ -268,6 +260,32 @@ def test_bytes_changed_inside_a_shard_are_named_and_rewritten(corpus, vocab_dir,
     assert main(["corpus", "show", str(broken)]) == 0
 
 
+def _tree(directory: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_corpus_show_names_damage_in_shards_it_does_not_show(data_dir, tmp_path, capsys):
+    """`corpus show --num 1` reads one record of the first train shard, but checks every shard's
+    digest: bytes changed in the other train shard and in the validation shard are named, all in
+    one line, with the fix; nothing is changed."""
+    broken = tmp_path / "data"
+    shutil.copytree(data_dir, broken)
+    metadata = json.loads((broken / "metadata.json").read_text())
+    unread = [metadata["splits"]["train"]["files"][1], metadata["splits"]["validation"]["files"][0]]
+    for shard in unread:
+        _flip_bytes(broken / shard, offset=(broken / shard).stat().st_size // 2)
+    before = _tree(broken)
+    _one_line_error(capsys, main(["corpus", "show", str(broken), "--num", "1"]),
+                    f"{broken}: shard {unread[0]} is damaged (its sha256 is not the one recorded), shard {unread[1]} "
+                    "is damaged (its sha256 is not the one recorded); rerun the same `pmi-jax corpus prepare` to "
+                    "rewrite them")
+    assert _tree(broken) == before
+    (broken / unread[1]).write_bytes((data_dir / unread[1]).read_bytes())  # one left: "it"
+    _one_line_error(capsys, main(["corpus", "show", str(broken), "--num", "1", "--split", "validation"]),
+                    f"{broken}: shard {unread[0]} is damaged (its sha256 is not the one recorded); rerun the same "
+                    "`pmi-jax corpus prepare` to rewrite it")
+
+
 def test_a_changed_shard_of_a_corpus_without_digests_is_one_line(data_dir, tmp_path, capsys):
     """Corpora prepared before digests were recorded still open; a shard that fails to read is
     reported in one line, which cannot name it."""
@@ -365,3 +383,54 @@ def test_an_overwrite_killed_between_its_renames_gives_the_old_output_back(corpu
     # With --overwrite, it is replaced as asked, and the unfinished new one is swept.
     assert _vocab_build([corpus / "good.txt"], output, "--overwrite") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab"]
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended: the owner of a killed run's leftovers."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+def test_an_old_output_set_aside_is_never_deleted_unseen(corpus, tmp_path, caplog):
+    """Leftovers that may hold a complete old output are kept, named in a warning, when they are
+    not put back: an aside of an older version (named `.NAME.tmp-<hex>-...`, as work in progress
+    was too), an aside beside an output that exists (a kill after the new output was renamed in),
+    and all but the newest of several asides. Work in progress (`.NAME.tmp-work-*`) is swept."""
+    import socket
+
+    def vocabulary(directory):  # its files but stats.json, which records the seconds the build took
+        return {name: data for name, data in _tree(directory).items() if name != "stats.json"}
+
+    output = tmp_path / "vocab"
+    assert _vocab_build([corpus / "good.txt"], output) == 0
+    old = vocabulary(output)
+    assert len(old) == 2
+    dead, host = _dead_pid(), socket.gethostname()
+    # An older version's aside, the output absent: the same command builds the output anew and keeps it.
+    older = tmp_path / f".vocab.tmp-0123456789ab-{dead}-{host}"
+    output.rename(older)
+    work = tmp_path / f".vocab.tmp-work-0123456789ab-{dead}-{host}"
+    work.mkdir()
+    assert _vocab_build([corpus / "good.txt"], output) == 0
+    assert f"{output}: kept {older}, which may hold an earlier output that an interrupted --overwrite moved aside; " \
+           "look inside, then move it back or delete it" in caplog.text
+    assert caplog.text.count(f"kept {older}") == 1
+    assert vocabulary(older) == old and vocabulary(output) == old and not work.exists()
+    # An aside beside the output: --overwrite replaces the output and keeps both leftovers, named.
+    beside = tmp_path / f".vocab.tmp-aside-0123456789ab-{dead}-{host}"
+    shutil.copytree(older, beside)
+    caplog.clear()
+    assert _vocab_build([corpus / "good.txt"], output, "--overwrite") == 0
+    assert f"kept {beside}" in caplog.text and f"kept {older}" in caplog.text
+    assert vocabulary(beside) == old and vocabulary(older) == old
+    # Two asides and no output: the newest is put back, the older aside stays (kept at the next sweep).
+    shutil.rmtree(output)
+    newest = tmp_path / f".vocab.tmp-aside-ba9876543210-{dead}-{host}"
+    shutil.copytree(older, newest)
+    (newest / "stats.json").write_text((newest / "stats.json").read_text() + " ")  # tell them apart
+    os.utime(beside, ns=(1, 1))
+    caplog.clear()
+    assert _vocab_build([corpus / "good.txt"], output) == 2  # the output is back, and not replaced without --overwrite
+    assert f"{output}: restored the previous output from {newest}" in caplog.text
+    assert (output / "stats.json").read_text().endswith(" ") and not newest.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([output.name, older.name, beside.name])

@@ -17,6 +17,7 @@ import pytest
 
 from pmi_jax.cli import main
 from tests import prepared_data
+from tests.damage import one_line_error as _one_line_error
 from tests.damage import tmpfs as _tmpfs
 
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=1",
@@ -31,15 +32,6 @@ def _sets(*overrides):
 def _train_args(data_dir, workdir, *overrides):
     return ["train", "--config", "tiny", "--data", str(data_dir), "--workdir", str(workdir), "--scheme",
             "whole_word", *_sets(*SMALL, *overrides)]
-
-
-def _one_line_error(capsys, status: int, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert status == 2, err
-    assert err.count("\n") == 1 and err.startswith("pmi-jax "), err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def _tree_digest(directory) -> dict[str, str]:
@@ -284,10 +276,20 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("receiver", ["command", "stderr filter"])
-def test_sigterm_to_any_process_of_train_checkpoints_and_exits_0(tmp_path, receiver):
+# Ctrl-C itself: the command line runs with a new terminal as its controlling terminal, and ^C
+# typed there reaches its whole process group from the terminal (not from a kill).
+_ON_A_TERMINAL = "import fcntl, os, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); " + _PROGRAM
+
+
+@pytest.mark.parametrize("signame, receiver", [("SIGTERM", "command"), ("SIGTERM", "stderr filter"),
+                                               ("SIGINT", "command"), ("SIGINT", "stderr filter"),
+                                               ("SIGINT", "Ctrl-C at the terminal")])
+def test_a_signal_to_any_process_of_train_checkpoints_and_stops(tmp_path, signame, receiver):
     """`pmi-jax train` runs as two processes (the command, and the fork that filters its stderr,
-    under the same command line); `pkill -n pmi-jax` signals the newest, the filter."""
+    under the same command line); `pkill -n pmi-jax` signals the newest, the filter. SIGTERM
+    ends with a checkpoint and exit 0; SIGINT (`kill -INT`, or Ctrl-C, which reaches both
+    processes) with a checkpoint and exit 130. Either is received once."""
+    import pty
     import signal
     import subprocess
     import sys
@@ -296,8 +298,10 @@ def test_sigterm_to_any_process_of_train_checkpoints_and_exits_0(tmp_path, recei
     argv = ["train", "--config", "tiny", "--data", "synthetic", "--workdir", str(workdir),
             *_sets("model.vocab_size=128", *SMALL, "data.seq_len=32", "checkpoint.every_steps=1000",
                    "train.num_steps=100000")]
-    process = subprocess.Popen([sys.executable, "-c", _PROGRAM, *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    terminal, stdin = pty.openpty() if receiver.startswith("Ctrl-C") else (None, subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", _ON_A_TERMINAL if terminal else _PROGRAM, *argv],
+                               stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     try:
         lines = []
         for line in iter(process.stdout.readline, ""):
@@ -306,15 +310,71 @@ def test_sigterm_to_any_process_of_train_checkpoints_and_exits_0(tmp_path, recei
                 break
         assert lines and lines[-1].startswith("step 2 "), "".join(lines) + process.stderr.read()
         (stderr_filter,) = _children(process.pid)
-        os.kill(process.pid if receiver == "command" else stderr_filter, signal.SIGTERM)
+        if terminal:
+            os.write(terminal, b"\x03")
+        else:
+            os.kill(process.pid if receiver == "command" else stderr_filter, getattr(signal, signame))
         out, err = process.communicate(timeout=600)
     finally:
         process.kill()
-    assert process.returncode == 0, err[-3000:]
+        if terminal:
+            os.close(terminal)
+            os.close(stdin)
+    assert process.returncode == (0 if signame == "SIGTERM" else 130), err[-3000:]
     assert "tensorboard --logdir '" + str(workdir / "tensorboard") + "'" in "".join(lines) + out
-    step = int(err.split("preempted at step ")[1].split(";")[0])
+    stopped = "preempted" if signame == "SIGTERM" else "interrupted"
+    last = err.splitlines()[-1]
+    assert last.startswith(f"pmi-jax train: {stopped} at step ") and last.endswith(
+        "; checkpoint saved, rerun the same command to resume"), err[-3000:]
+    step = int(last.split(" at step ")[1].split(";")[0])
     assert 2 <= step < 100000 and os.listdir(workdir / "checkpoints") == [str(step)]
-    assert err.count("SIGTERM received") == 1, err
+    assert err.count(f"{signame} received") == 1 and err.count("received:") == 1, err
+
+
+_COUNT_INTERRUPTS = """
+import fcntl, os, signal, sys, termios, time
+from pmi_jax.cli import quiet
+if sys.argv[1] == "terminal":
+    os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+stderr_filter = quiet.filter_stderr()
+received = []
+signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+print(stderr_filter.pid, flush=True)
+while len(received) < 1:
+    time.sleep(0.05)
+time.sleep(3)  # a copy passed on by the filter would arrive meanwhile
+print(len(received), flush=True)
+stderr_filter.close()
+"""
+
+
+@pytest.mark.parametrize("sender", ["terminal", "kill to the filter"])
+def test_an_interrupt_reaches_the_command_once(sender):
+    """Ctrl-C reaches both processes from the terminal: the filter does not pass it on, so the
+    command gets one (a second could cut short what the first started, such as cleaning up).
+    A `kill -INT` to the filter alone is passed on."""
+    import pty
+    import signal
+    import subprocess
+    import sys
+
+    terminal, stdin = pty.openpty() if sender == "terminal" else (None, subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", _COUNT_INTERRUPTS, sender], stdin=stdin,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        stderr_filter = int(process.stdout.readline())
+        if terminal:
+            os.write(terminal, b"\x03")
+        else:
+            os.kill(stderr_filter, signal.SIGINT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+        if terminal:
+            os.close(terminal)
+            os.close(stdin)
+    assert process.returncode == 0 and out.split() == ["1"], (out, err)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,27 +503,61 @@ def test_a_full_disk_during_training_is_one_line_and_the_run_resumes(tmp_path):
         last = result.stderr.splitlines()[-1]
         # The path named is the file or folder whose write failed: inside the workdir, or the workdir itself.
         assert last.startswith(f"pmi-jax train: error: --workdir {workdir}: cannot write {workdir}"), last
-        assert "(No space left on device; 0.0 MiB free on" in last
+        assert "(No space left on device; needs about " in last and last.endswith("; make room and rerun the same "
+                                                                                  "command"), last
         saved = sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit())
         assert saved and saved[-1] < 50
+        # The space needed is a checkpoint's: within a factor of two of a complete one on disk.
+        needed, stated = _stated_need(last)
+        checkpoint = _size(workdir / "checkpoints" / str(saved[-1]))
+        assert stated == "about" and checkpoint / 2 <= needed <= 2 * checkpoint, (last, checkpoint)
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         resumed = _program([*argv, "--workdir", workdir])
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"starting at step {saved[-1]}" in resumed.stderr
 
 
-@pytest.mark.parametrize("command", ["export", "data dump", "eval perplexity", "compare"])
-def test_a_full_disk_for_other_outputs_is_one_line(run_copy, corpus, tmp_path, capsys, command):
+def _stated_need(message: str) -> tuple[float, str]:
+    """(bytes, "about" or "at least") of a full-disk message's "needs about 1.2 MiB"."""
+    import re
+
+    match = re.search(r"; needs (about|at least) ([\d.]+) (KiB|MiB), ([\d.]+) (KiB|MiB) free on ", message)
+    assert match, message
+    return float(match.group(2)) * {"KiB": 2**10, "MiB": 2**20}[match.group(3)], match.group(1)
+
+
+def _size(path) -> int:
+    path = pathlib.Path(path)
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("command, kind", [("export", "about"), ("data dump", "about"),
+                                           ("eval perplexity", "at least"), ("compare", "at least")])
+def test_a_full_disk_for_other_outputs_is_one_line(run_copy, corpus, tmp_path, capsys, command, kind):
+    """The message names the output, the space left and the space needed: the weights' bytes
+    (export), the dump's lines so far scaled to --num (data dump), or what the output had taken
+    plus the file being written when the disk filled (at least: eval perplexity, compare)."""
     run = run_copy
+
+    def argv(output):
+        return list(map(str, {
+            "export": ["export", "hf", "--checkpoint", run, "--output", output],
+            "data dump": ["data", "dump", "--data", corpus, "--scheme", "whole_word", "--num", "200",
+                          "--output", output],
+            "eval perplexity": ["eval", "perplexity", "--checkpoint", run, "--max-sequences", "1",
+                                "--positions", "1", "--output", output],
+            "compare": ["compare", run, "--output", output]}[command]))
+
     with _tmpfs(tmp_path / "disk", "size=256k") as disk:
         _fill(disk)
         output = disk / "out"
-        argv = {"export": ["export", "hf", "--checkpoint", run, "--output", output],
-                "data dump": ["data", "dump", "--data", corpus, "--scheme", "whole_word", "--num", "200",
-                              "--output", output],
-                "eval perplexity": ["eval", "perplexity", "--checkpoint", run, "--max-sequences", "1",
-                                    "--positions", "1", "--output", output],
-                "compare": ["compare", run, "--output", output]}[command]
-        _one_line_error(capsys, main(list(map(str, argv))), f"--output {output}: cannot write",
-                        "No space left on device")
+        err = _one_line_error(capsys, main(argv(output)), f"--output {output}: cannot write",
+                              "No space left on device; needs ", "; make room and rerun the same command")
         assert sorted(os.listdir(disk)) == ["filler"]
+    needed, stated = _stated_need(err)
+    assert stated == kind, err
+    # Where there is room, the same command writes an output of about that size (at least it, for a lower bound).
+    assert main(argv(tmp_path / "room")) == 0
+    written = _size(tmp_path / "room")
+    assert 0 < needed <= 1.1 * written if kind == "at least" else 0.5 * written <= needed <= 1.5 * written, (
+        err, written)

@@ -86,7 +86,7 @@ def test_overwriting_a_directory_never_deletes_inside_the_live_output(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab"]
 
 
-def test_the_next_run_sweeps_what_killed_runs_left(tmp_path):
+def test_the_next_run_sweeps_what_killed_runs_left(tmp_path, caplog):
     import os
     import socket
     import subprocess
@@ -95,11 +95,15 @@ def test_the_next_run_sweeps_what_killed_runs_left(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
     host = socket.gethostname()
-    (tmp_path / f".out.tmp-0123456789ab-{dead_pid}-{host}").mkdir()   # a killed run's directory
-    (tmp_path / ".out.tmp-0123456789ab").write_text("x")               # a name from before owners were recorded
-    live = tmp_path / f".out.tmp-ba9876543210-{os.getpid()}-{host}"   # a live run's work in progress
+    (tmp_path / f".out.tmp-work-0123456789ab-{dead_pid}-{host}").mkdir()  # a killed run's directory
+    (tmp_path / ".out.tmp-0123456789ab").write_text("x")                   # a file named before owners were recorded
+    live = tmp_path / f".out.tmp-work-ba9876543210-{os.getpid()}-{host}"  # a live run's work in progress
     live.mkdir()
-    (tmp_path / ".other.tmp-0123456789ab").write_text("x")             # another output's: not ours to sweep
+    (tmp_path / ".other.tmp-work-0123456789ab").write_text("x")            # another output's: not ours to sweep
+    # A directory named before the kinds were may be an older version's aside: kept, with a warning.
+    older = tmp_path / f".out.tmp-0123456789ab-{dead_pid}-{host}"
+    older.mkdir()
     removed = storage.sweep_temporaries(str(tmp_path / "out"))
     assert len(removed) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, ".other.tmp-0123456789ab"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, older.name, ".other.tmp-work-0123456789ab"])
+    assert f"kept {older}, which may hold an earlier output" in caplog.text

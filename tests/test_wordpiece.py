@@ -140,3 +140,91 @@ def test_threaded_word_counts_equal_the_tokenizers(tmp_path, workers):
     counted = count_words([str(path)], workers, batch_chars=20_000)
     assert counted == dict(expected)
     assert len(counted) > 3_000 and any(not w.isascii() for w in counted)
+
+
+@pytest.fixture(scope="module")
+def perturbed_counts():
+    """Word counts of real English (the demo corpus's words) with rare variants: one word in
+    five gets a suffix, often a number, so there are many pieces, rare ones and long words."""
+    import itertools
+
+    from preprocess.text.demo_corpus import iter_demo_documents
+
+    counts = wordpiece.count_words([list(itertools.islice(iter_demo_documents(), 800))])
+    rng = np.random.default_rng(0)
+    suffixes = ["s", "ed", "ing", "ism", "ville", "berg", "o", "x"]
+    for word, count in list(counts.items()) * 2:
+        if word.isalpha() and rng.random() < 0.3:
+            variant = word + str(rng.choice(suffixes)) + (str(rng.integers(100)) if rng.random() < 0.5 else "")
+            counts[variant] += int(rng.integers(1, 30))
+    counts["##ab"] += 15  # a "word" spelled like a suffix piece: same string, another length table
+    counts["ab"] += 40
+    return sorted(counts.items())
+
+
+def test_the_learner_learns_what_tensorflow_texts_learns(perturbed_counts):
+    """preprocess/corpus/wordpiece_learner.py counts suffixes in linear time instead of every
+    substring: the vocabulary, token for token and in order, must be the library's, at single
+    thresholds (including the floor pass corpus prepare runs first) and through its binary search."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
+
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    reserved = list(wordpiece_vocab.SPECIAL_TOKENS)
+    assert len(perturbed_counts) > 6_000
+    for size in (600,):  # a binary search of several passes
+        learner = WordPieceLearner(perturbed_counts, size, reserved)
+        expected = library.learn(perturbed_counts, size, reserved, lower_thresh=2)
+        assert learner.learn(lower_thresh=2) == expected
+        assert learner.learn(upper_thresh=10, lower_thresh=10) == library.learn(perturbed_counts, size, reserved,
+                                                                              upper_thresh=10, lower_thresh=10)
+    no_joiner = WordPieceLearner(perturbed_counts, 800, reserved, include_joiner_token=False)
+    params = library.Params(None, None, 4, int(5e6), 50, 1000, 800, 0.05, False, "##", reserved)
+    assert no_joiner.learn_with_thresh(3) == library.learn_with_thresh(no_joiner.filtered, 3, params)
+
+
+def test_train_vocab_is_unchanged_by_the_linear_time_learner():
+    """The vocab.txt corpus prepare trains, byte for byte, as before the linear-time learner: sha256
+    of what tensorflow_text's learner gave for this text (recorded at 8d13a8e), through the floor
+    pass alone and through the binary search (1,500 demo documents at 1,000 tokens)."""
+    import hashlib
+    import itertools
+
+    from preprocess.text.demo_corpus import iter_demo_documents
+
+    demo = wordpiece.count_words([list(itertools.islice(iter_demo_documents(), 1500))])
+    for counts, size, digest in (
+            (wordpiece.count_words([TRAINING_TEXT * 12]), 400, "02f3f06b2a5c7ef820859f84d4d536ff7f6c503398e4f4d1451af02e907a8531"),
+            (wordpiece.count_words([TRAINING_TEXT * 12]), 30, "c8f9d4b6b256d7422e69c0135dac098289e01d5005700e07e37bd46e8eb52099"),
+            (demo, 1000, "b2935feedb68fc7701d5499048f60069172d0066bc38be134685db99d98caa75"),
+            (demo, 4000, "ff39c54bef321ab9f87a8770304dfef467ad7107b095d3226e2cb42272c2c3ac")):
+        text = wordpiece_vocab.vocab_text(wordpiece.train_vocab(counts, size=size))
+        assert hashlib.sha256(text.encode("utf-8")).hexdigest() == digest, size
+
+
+def test_the_learner_counts_the_same_in_worker_processes():
+    """Each iteration's counting split over 2 or 3 processes (slices of the words; totals summed
+    across them) gives the serial vocabulary, token for token and in order: through the binary
+    search, at the floor threshold, and without the joiner."""
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    rng = np.random.default_rng(7)
+    syllables = ["ka", "to", "ri", "mun", "se", "lo", "pra", "ni", "x", "qu", "e", "ab", "##"]
+    counts: dict[str, int] = {}
+    for _ in range(5_000):
+        word = "".join(rng.choice(syllables, size=int(rng.integers(1, 6))))
+        counts[word] = counts.get(word, 0) + int(rng.zipf(1.5)) % 5_000 + 1
+    counts["##ab"] = counts.get("##ab", 0) + 15  # spelled like a suffix piece: same string, another length
+    table = sorted(counts.items())
+    reserved = list(wordpiece_vocab.SPECIAL_TOKENS)
+    serial = WordPieceLearner(table, 300, reserved)
+    expected = (serial.learn(lower_thresh=2), serial.learn(upper_thresh=10, lower_thresh=10))
+    no_joiner = WordPieceLearner(table, 300, reserved, include_joiner_token=False).learn_with_thresh(5)
+    for workers in (2, 3):
+        with WordPieceLearner(table, 300, reserved, workers=workers, min_parallel_words=0) as learner:
+            assert learner.workers == workers
+            assert (learner.learn(lower_thresh=2), learner.learn(upper_thresh=10, lower_thresh=10)) == expected
+        with WordPieceLearner(table, 300, reserved, include_joiner_token=False, workers=workers,
+                              min_parallel_words=0) as learner:
+            assert learner.learn_with_thresh(5) == no_joiner
+    assert WordPieceLearner(table, 300, reserved, workers=4).workers == 1  # small: counted here

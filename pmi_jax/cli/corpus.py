@@ -1,4 +1,5 @@
-"""`pmi-jax corpus prepare | show`: WordPiece ids and masking units (docs/design.md, "Prepared corpus")."""
+"""`pmi-jax corpus prepare | show | informask`: WordPiece ids and masking units (docs/design.md, "Prepared
+corpus"), and InforMask's token rates measured on them (docs/design.md, "InforMask")."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ def add_parser(subparsers) -> None:
     commands = corpus.add_subparsers(dest="corpus_command", required=True, metavar="COMMAND")
     _add_prepare(commands)
     _add_show(commands)
+    _add_informask(commands)
 
 
 def _add_prepare(commands) -> None:
@@ -67,7 +69,8 @@ def _add_prepare(commands) -> None:
                    help="seeds the validation choice and the choice between overlapping vocabulary entries "
                    "(default %(default)s)")
     p.add_argument("--workers", type=int, default=1,
-                   help="processes writing shards in parallel; does not change the output (default %(default)s)")
+                   help="processes counting words, training the WordPiece vocabulary and writing shards; "
+                   "does not change the output (default %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of a different configuration found in --output (a rerun of the "
                    "same configuration needs none: it checks the shards and rewrites what is missing)")
@@ -90,6 +93,32 @@ def _add_show(commands) -> None:
     p.add_argument("--units", metavar="NAME",
                    help="which masking vocabulary's units to mark (default: every one, one line each)")
     p.set_defaults(func=run_show)
+
+
+def _informask_option(field: str) -> LibraryDefault:
+    return LibraryDefault("pmi_jax.informask", "InformaskOptions", field)
+
+
+def _add_informask(commands) -> None:
+    p = commands.add_parser(
+        "informask", help="measure InforMask's token-specific masking rates on a prepared corpus",
+        description="InforMask (Sadeq et al. 2022) offline: count which tokens co-occur within --window tokens "
+        "of the train split, score --candidates random 15% masks of every sequence by their informative "
+        "relevance (the PMI of each masked token with each unmasked token near it), keep the best, and write each "
+        "token id's masking rate (how often it was masked over how often it occurs) to DIR/informask_rates.json, "
+        "which the informask scheme masks by. The same corpus, options and --seed give identical bytes.")
+    p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`")
+    p.add_argument("--window", type=int, default=_informask_option("window"),
+                   help="a token's context: this many tokens on each side, inside its document (default %(default)s)")
+    p.add_argument("--candidates", type=int, default=_informask_option("candidates"),
+                   help="random masks scored per sequence; the best one counts (default %(default)s)")
+    p.add_argument("--min-pair-count", type=int, default=_informask_option("min_pair_count"),
+                   help="token pairs seen fewer times in a window count as PMI 0 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=_informask_option("seed"),
+                   help="seeds the candidate masks (default %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace the rates already measured on DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.set_defaults(func=run_informask)
 
 
 def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
@@ -135,6 +164,25 @@ def run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_informask(args: argparse.Namespace) -> int:
+    from pmi_jax import storage
+    from pmi_jax.informask import InformaskOptions, build_rates
+
+    options = InformaskOptions(window=value_of(args.window), candidates=value_of(args.candidates),
+                               min_pair_count=value_of(args.min_pair_count), seed=value_of(args.seed))
+    with storage.write_errors(args.data_dir, "DIR"):
+        stats = build_rates(args.data_dir, options, overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"{stats['sequences']} sequences, {stats['tokens']} tokens, {stats['pairs']} window pairs "
+          f"({stats['distinct_pairs']} distinct); {stats['rates_of']} token ids seen")
+    print(f"informative relevance: {stats['mean_relevance_chosen']:.2f} per sequence for the masks kept, "
+          f"{stats['mean_relevance_candidates']:.2f} for the average candidate")
+    for end in ("highest", "lowest"):
+        shown = ", ".join(f"{token} {rate:.3f}" for token, rate, _ in stats[end])
+        print(f"{end} rates (tokens seen {stats['shown_min_occurrences']}+ times): {shown or 'none'}")
+    print(f"wrote {stats['path']}: mean rate {stats['overall_rate']:.4f} per token, {stats['elapsed_seconds']:.1f} s")
+    return 0
+
+
 def run_show(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
@@ -143,7 +191,7 @@ def run_show(args: argparse.Namespace) -> int:
 
     if args.num < 1:
         raise UserInputError(f"--num {args.num}: must be at least 1")
-    corpus = prepared_corpus.PreparedCorpus(args.data_dir)
+    corpus = prepared_corpus.PreparedCorpus(args.data_dir, digests=True)  # damage anywhere, not only in what shows
     names = list(corpus.unit_names)
     if args.units is not None and args.units not in names:
         raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "

@@ -15,7 +15,8 @@ def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) ->
     p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`; local "
                    "or gs://)")
     p.add_argument("--scheme", required=True, metavar="SCHEME", help=f"masking scheme: {', '.join(SCHEMES)}; the "
-                   f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary")
+                   f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary, "
+                   "informask the rates of `pmi-jax corpus informask`")
     p.add_argument("--split", default="train", choices=("train", "validation"), help="split to read (default: train)")
     p.add_argument("--seed", type=int, default=0, help="run seed: masks (and the order, with --shuffle) are a "
                    "function of it, the example and the epoch (default: 0)")
@@ -107,12 +108,14 @@ def run_dump(args: argparse.Namespace) -> int:
     storage.check_new_output(args.output, args.overwrite, inputs=[("--data", args.data)])
     _, examples = _examples(args)
     count = 0
-    with storage.write_errors(args.output), storage.atomic_file(args.output) as f:
+    # A full disk's message says how much the whole dump needs: its lines so far, scaled to --num.
+    with storage.write_errors(args.output), storage.needs_space(lambda: f.written * args.num // max(count, 1)), \
+            storage.atomic_file(args.output) as f:
         for ex in examples:
             record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units", "word_ids")}
             record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})
-            f.write(json.dumps(record) + "\n")
             count += 1
+            f.write(json.dumps(record) + "\n")
     print(f"wrote {count} {args.scheme} examples (mask rate {args.mask_rate:g}) to {args.output}")
     return 0
 

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 
 # A line of absl / glog C++ logging: severity letter, MMDD, time, thread id, file:line].
@@ -104,6 +105,22 @@ def _pass_on(command: int, signum: int, frame) -> None:
         pass
 
 
+_FROM_THE_TERMINAL = 0x80  # si_code SI_KERNEL: Ctrl-C, which the terminal sends the whole process group
+
+
+def _pass_on_interrupts(command: int) -> None:
+    """In the filter process, a thread: pass on each SIGINT sent to the filter alone.
+
+    SIGINT is blocked in the filter and taken here with its sender's details. Ctrl-C at the
+    terminal (si_code SI_KERNEL) has reached the command too and is not passed on, so an
+    interrupt arrives once; a `kill -INT` (SI_USER) is meant for this command line and is.
+    """
+    while True:
+        received = signal.sigwaitinfo({signal.SIGINT})
+        if received.si_code != _FROM_THE_TERMINAL:
+            _pass_on(command, signal.SIGINT, None)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -122,17 +139,29 @@ class StderrFilter:
         sys.stderr.flush()
         read_fd, write_fd = os.pipe()
         command = os.getpid()
+        # The filter is born with these signals blocked: one sent between the fork and its
+        # handlers (as soon as `self.pid` is known) waits for them instead of killing it.
+        passed_on = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+        blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
         self.pid = os.fork()
+        if self.pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
-            # Ctrl-C reaches the whole process group; the command handles it and may still have
-            # things to say, so the filter outlives it and ends at EOF, when the command and its
-            # children have closed the pipe. The filter runs under the command's own command
-            # line, so `pkill -n pmi-jax` or a scheduler may send SIGTERM or SIGHUP to it alone:
-            # it passes them on to the command (which checkpoints on SIGTERM, and treats a
-            # second one sent to the whole group as the same request).
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            # The filter outlives the command, which may still have things to say after a
+            # signal, and ends at EOF, when the command and its children have closed the pipe.
+            # It runs under the command's own command line, so `pkill -n pmi-jax` or a
+            # scheduler may signal it alone: it passes SIGTERM, SIGHUP and SIGINT on to the
+            # command (`train` checkpoints on SIGTERM and SIGINT, and treats a second one sent
+            # to the whole group as the same request); Ctrl-C, which the command gets from the
+            # terminal itself, is not passed on (`_pass_on_interrupts`).
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(signum, functools.partial(_pass_on, command))
+            if hasattr(signal, "sigwaitinfo"):  # SIGINT stays blocked, for the thread to take
+                threading.Thread(target=_pass_on_interrupts, args=(command,), daemon=True).start()
+                passed_on.discard(signal.SIGINT)
+            else:  # (macOS) a sender cannot be told from the terminal: Ctrl-C reaches the command itself
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
             os.close(write_fd)
             try:
                 _filter_loop(read_fd, 2)

@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
                              "model.vocab_size and data.seq_len set). Default: the config's data.data_dir")
     parser.add_argument("--scheme", default=None,
                         help=f"masking scheme: {', '.join(SCHEMES)} ({', '.join(UNIT_SCHEMES)} need that "
-                             "masking vocabulary in the corpus). Default: the config's")
+                             "masking vocabulary in the corpus, informask the rates of `pmi-jax corpus informask`). "
+                             "Default: the config's")
     parser.add_argument("--workdir", default=None,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
                              "checkpoint of the same model and vocabulary is resumed (the newest one that restores; "
@@ -114,7 +115,7 @@ def run(args) -> int:
     except train.NonFiniteLoss as e:
         print(f"pmi-jax train: stopped: {e}", file=sys.stderr)
         return 1
-    if result.status == "preempted":
-        print(f"pmi-jax train: preempted at step {result.step}; checkpoint saved, rerun the same command to resume",
-              file=sys.stderr)
-    return 0
+    if result.status in ("preempted", "interrupted"):
+        print(f"pmi-jax train: {result.status} at step {result.step}; checkpoint saved, rerun the same command to "
+              "resume", file=sys.stderr)
+    return 130 if result.status == "interrupted" else 0  # Ctrl-C: the shell's status for an interrupt

@@ -150,7 +150,6 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
     """Run the protocol on each checkpoint; yields (result, output directory) once written."""
     from pmi_jax import checkpoints, storage
     from pmi_jax.eval import finetune
-    from pmi_jax.vocabularies import WordPieceVocabulary
 
     task, settings, many = request.task, request.settings, len(paths) > 1
     if many:  # every output checked before hours of fine-tuning, not after
@@ -169,7 +168,7 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
         storage.check_new_output(output, request.overwrite, directory=True,
                                  inputs=[*request.inputs, ("the checkpoint's corpus", metadata.data_dir)])
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
-            wordpiece = WordPieceVocabulary(vocab)
+            wordpiece = _text_vocabulary(path, metadata, vocab, request)
             max_seq_len = settings.max_seq_len or min(task.max_seq_len, config.max_position_embeddings)
             if max_seq_len > config.max_position_embeddings:
                 raise UserInputError(f"--max-seq-len {max_seq_len}: the model takes at most "
@@ -203,6 +202,22 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
             with storage.gfile.GFile(storage.join(tmp, "results.md"), "w") as f:
                 f.write(finetune.markdown_report(result, title))
         yield result, output
+
+
+def _text_vocabulary(path: str, metadata, vocab: str, request: FinetuneRequest):
+    """What encodes the task text: the model's own tokenizer (its corpus's tokenizer.json where it
+    was prepared with `--tokenizer`, a released model's own where it is not uncased BERT), else
+    BERT's uncased WordPiece over vocab.txt."""
+    from pmi_jax import vocabularies
+    from pmi_jax.formats import hf_checkpoint, prepared_corpus
+
+    if request.hf_model:
+        text = hf_checkpoint.own_tokenizer(path)
+        source = f"--hf-model {path}: its {hf_checkpoint.TOKENIZER_FILE}"
+    else:
+        text = run_dir.corpus_tokenizer_for(metadata)
+        source = f"{prepared_corpus.tokenizer_path(metadata.data_dir or '')}"
+    return vocabularies.model_vocabulary(vocab, text, source)
 
 
 def _released_model(directory: str, vocab: str | None):

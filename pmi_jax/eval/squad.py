@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import string
-import unicodedata
 from typing import Sequence
 
 import numpy as np
@@ -178,52 +177,10 @@ class ContextTokens:
     char_end: np.ndarray  # [T] one past its last character
 
 
-def _normalized_owner(word: str) -> tuple[bytes, Sequence[int]]:
-    """BERT's normalisation of `word` per character, and the character owning each output byte."""
-    if word.isascii():  # lower-casing keeps every byte where it was
-        return word.lower().encode("ascii"), range(len(word))
-    out, owner = [], []
-    for i, ch in enumerate(word):
-        folded = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", ch).casefold())
-        piece = "".join(c for c in folded if unicodedata.category(c) != "Mn").encode("utf-8")
-        out.append(piece)
-        owner.extend([i] * len(piece))
-    return b"".join(out), owner
-
-
-def _word_piece_spans(word: str, pieces, vocab: Sequence[str], unk_id: int) -> list[tuple[int, int]]:
-    """Character span of each (id, start, end) WordPiece within `word`; the whole word where the
-    byte offsets do not check out against the normalised word."""
-    normalized, owner = _normalized_owner(word)
-    spans = []
-    for token_id, start, end in pieces:
-        text = vocab[token_id][2:] if vocab[token_id].startswith("##") else vocab[token_id]
-        ok = 0 <= start < end <= len(normalized) and (
-            token_id == unk_id or normalized[start:end] == text.encode("utf-8"))
-        if not ok:
-            return [(0, len(word))] * len(pieces)
-        spans.append((owner[start], owner[end - 1] + 1))
-    return spans
-
-
 def tokenize_contexts(wordpiece: WordPieceVocabulary, contexts: Sequence[str]) -> list[ContextTokens]:
-    words_of = [[(m.start(), m.end()) for m in re.finditer(r"\S+", c)] for c in contexts]
-    flat = [c[s:e] for c, words in zip(contexts, words_of) for s, e in words]
-    piece_ids, piece_starts, piece_ends, row_splits = wordpiece.encode_words(flat)
-    out, w = [], 0
-    for context, words in zip(contexts, words_of):
-        first = row_splits[w]
-        starts, ends = [], []
-        for word_start, word_end in words:
-            begin, end = row_splits[w], row_splits[w + 1]
-            pieces = zip(piece_ids[begin:end], piece_starts[begin:end], piece_ends[begin:end])
-            for s, e in _word_piece_spans(context[word_start:word_end], pieces, wordpiece.tokens, wordpiece.unk_id):
-                starts.append(word_start + s)
-                ends.append(word_start + e)
-            w += 1
-        out.append(ContextTokens(piece_ids[first:row_splits[w]].astype(np.int32), np.array(starts, np.int32),
-                                 np.array(ends, np.int32)))
-    return out
+    """Each context's token ids with the characters each token covers, from the model's own
+    vocabulary (uncased WordPiece or the corpus's tokenizer.json: `encode_with_offsets`)."""
+    return [ContextTokens(*encoded) for encoded in wordpiece.encode_with_offsets(contexts)]
 
 
 # ---- the task ----------------------------------------------------------------------------------

@@ -236,6 +236,25 @@ def vocab_path(directory: str) -> str:
     return _path(directory, VOCAB_FILE)
 
 
+def own_tokenizer(directory: str, option: str = "--hf-model") -> str | None:
+    """The text of `directory`'s tokenizer.json where its text is not BERT's uncased WordPiece
+    (None where it is): `tokenizer_config.json` names a fast tokenizer other than BERT's (what
+    `export hf` writes for a corpus prepared with `--tokenizer`) or `do_lower_case` false (a
+    cased BERT). Encoding such a model's text with the uncased tokenizer would give it ids it
+    was not trained on, so a missing tokenizer.json is an error."""
+    config = read_tokenizer_config(directory)
+    bert = config.get("tokenizer_class", "BertTokenizer") in ("BertTokenizer", "BertTokenizerFast")
+    if bert and config.get("do_lower_case") is not False:
+        return None
+    path = _path(directory, TOKENIZER_FILE)
+    if not storage.gfile.exists(path):
+        raise UserInputError(f"{option} {directory}: its {TOKENIZER_CONFIG_FILE} names a "
+                             f"{'cased' if bert else config.get('tokenizer_class')} tokenizer but there is no "
+                             f"{TOKENIZER_FILE}; save it there (transformers: tokenizer.save_pretrained)")
+    with storage.gfile.GFile(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
 def read_tokenizer_config(directory: str) -> dict:
     path = _path(directory, TOKENIZER_CONFIG_FILE)
     if not storage.gfile.exists(path):

@@ -177,8 +177,9 @@ def damaged_shards(data_dir: str, metadata: dict, digests: bool = False) -> dict
     """{shard file: what is wrong} for the listed shards that are missing or not the size recorded.
 
     With `digests`, every shard's sha256 is also compared with the one recorded (bytes changed
-    in place keep the size); that reads every shard, so openers check sizes only and call this
-    again when a read fails. Corpora prepared before digests were recorded have none to check.
+    in place keep the size); that reads every shard, so the readers of whole shards check sizes
+    only and call this again when a read fails, while `corpus show` checks every digest first.
+    Corpora prepared before digests were recorded have none to check.
     """
     recorded = metadata.get("shards", {})
     damaged = {}
@@ -201,10 +202,10 @@ def damaged_shards(data_dir: str, metadata: dict, digests: bool = False) -> dict
 
 
 def damaged_shards_error(data_dir: str, damaged: dict[str, str]) -> UserInputError:
-    name, what = next(iter(damaged.items()))
-    return UserInputError(f"{data_dir}: shard {name} is {what}"
-                          f"{f' (and {len(damaged) - 1} more)' if len(damaged) > 1 else ''}; "
-                          "rerun the same `pmi-jax corpus prepare` to rewrite it")
+    """One line naming the damaged shards (the first three) and the fix: prepare rewrites them."""
+    named = ", ".join(f"shard {name} is {what}" for name, what in list(damaged.items())[:3])
+    return UserInputError(f"{data_dir}: {named}{f' (and {len(damaged) - 3} more)' if len(damaged) > 3 else ''}; "
+                          f"rerun the same `pmi-jax corpus prepare` to rewrite {'it' if len(damaged) == 1 else 'them'}")
 
 
 @contextlib.contextmanager
@@ -244,10 +245,12 @@ class PreparedCorpus:
     metadata.json (present, JSON, its structure), vocab.txt (present, a BERT vocabulary, the
     sha256, size and special ids that the metadata recorded) and every shard (present, with the
     size recorded). Training, evaluation, `data` and `corpus show` all list shards through
-    `files`.
+    `files`. With `digests`, every shard's sha256 is compared with the one recorded too (all
+    shards are read once): `corpus show`, which reads only a few records, thus names damage in
+    shards it never reaches; the readers of whole shards find it when a read fails (`reading`).
     """
 
-    def __init__(self, data_dir: str):
+    def __init__(self, data_dir: str, digests: bool = False):
         from pmi_jax.formats import wordpiece_vocab
 
         self.data_dir = data_dir
@@ -273,7 +276,7 @@ class PreparedCorpus:
         # The splits that hold data, in SPLITS order. (An attribute, not a property: `files` runs
         # inside tf.data functions, whose AutoGraph conversion mishandles property calls.)
         self.splits = [s for s in SPLITS if self.metadata["splits"].get(s, {}).get("files")]
-        damaged = damaged_shards(data_dir, self.metadata)
+        damaged = damaged_shards(data_dir, self.metadata, digests=digests)
         if damaged:
             raise damaged_shards_error(data_dir, damaged)
 

@@ -151,6 +151,19 @@ def vocabulary_for(metadata: CheckpointMetadata, checkpoint: str, vocab_size: in
     return path
 
 
+def corpus_tokenizer_for(metadata: CheckpointMetadata) -> str | None:
+    """The tokenizer.json text of the corpus a checkpoint was trained on, where it was prepared
+    with `--tokenizer` (None for BERT's uncased WordPiece), checked against the hash its
+    metadata.json records: text for the model must be encoded with it. A corpus out of reach
+    (only possible with --vocab) has nothing to read: the uncased WordPiece of --vocab is used."""
+    from pmi_jax.formats import prepared_corpus
+
+    data_dir = metadata.data_dir
+    if not data_dir or not storage.gfile.exists(prepared_corpus.metadata_path(data_dir)):
+        return None
+    return prepared_corpus.read_tokenizer(data_dir, prepared_corpus.read_metadata(data_dir))
+
+
 # --------------------------------------------------------------------------------------
 # metrics.jsonl
 # --------------------------------------------------------------------------------------

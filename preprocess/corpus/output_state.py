@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats import prepared_corpus
+from pmi_jax.formats import informask_rates, prepared_corpus
 from preprocess.text import documents
 
 log = logging.getLogger("preprocess.corpus.prepare")
@@ -25,7 +25,8 @@ PROGRESS_DIR = ".progress"    # per-shard stats of finished shards
 
 
 def _our_files(output: str) -> list[str]:
-    """Files in `output` that a prepare run writes (shards, vocab, metadata, marker, temporaries)."""
+    """Files in `output` that a prepare run writes (shards, vocab, metadata, marker, temporaries),
+    and the InforMask rates measured on it: they go with the corpus they were measured on."""
     if not storage.gfile.isdir(output):
         return []
     return [storage.join(output, name) for name in storage.gfile.listdir(output) if _is_ours(name)]
@@ -35,7 +36,7 @@ def _is_ours(name: str) -> bool:
     name = name.rstrip("/")
     return (name.endswith(".tfrecord") or ".tmp-" in name
             or name in (prepared_corpus.VOCAB_FILE, prepared_corpus.TOKENIZER_FILE, prepared_corpus.METADATA_FILE,
-                        MARKER, PROGRESS_DIR))
+                        MARKER, PROGRESS_DIR, informask_rates.FILE))
 
 
 def check_output_apart(config, files: Sequence[str]) -> None:

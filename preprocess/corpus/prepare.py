@@ -377,7 +377,7 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
 
         counts = collections.Counter(count_words(scan.files, config.workers, scan.text_field, config.progress,
                                                  _BATCH_CHARS))
-        tokens = wordpiece.train_vocab(counts, config.wordpiece_size)
+        tokens = wordpiece.train_vocab(counts, config.wordpiece_size, config.workers)
     wordpiece_vocab.write_vocab(target, tokens)
     return tokens
 

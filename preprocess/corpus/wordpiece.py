@@ -3,8 +3,9 @@
 Reading and writing vocab.txt is `pmi_jax.formats.wordpiece_vocab`. Words come from
 `preprocess.text.words` and are cut into pieces by tensorflow_text's WordpieceTokenizer, which
 is exactly `tensorflow_text.BertTokenizer(vocab_txt, lower_case=True)`, so the ids are any BERT
-tokenizer's with this vocab.txt (tests/test_wordpiece.py). Training uses tensorflow_text's
-WordPiece learner on word counts from the same words.
+tokenizer's with this vocab.txt (tests/test_wordpiece.py). Training learns what tensorflow_text's
+WordPiece learner learns (computed by `preprocess.corpus.wordpiece_learner`, in linear time) on
+word counts from the same words.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
-from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_bert_vocab
+from preprocess.corpus.wordpiece_learner import WordPieceLearner
 from preprocess.text.words import split_words_ragged
 
 # Below this many occurrences a piece is not worth a vocabulary entry (tensorflow_text's default).
@@ -34,25 +35,26 @@ def count_words(document_batches: Iterable[Sequence[str]]) -> collections.Counte
     return counts
 
 
-def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE) -> list[str]:
+def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE, workers: int = 1) -> list[str]:
     """An uncased WordPiece vocabulary of at most `size` tokens learned from word counts.
 
     The learner binary-searches the piece-frequency threshold that gives about `size` tokens.
     When even the lowest threshold (MIN_PIECE_COUNT) gives fewer tokens, as on a small corpus,
     that vocabulary is the answer and the search is skipped: it would end there anyway, after
     a dozen more passes. Deterministic: counts are fed sorted, and the learner breaks ties by token.
+    The learner is tensorflow_text's, computed in linear time (`wordpiece_learner`, counting in
+    `workers` processes on large inputs): same tokens.
     """
     if size <= len(SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {size}: must exceed the {len(SPECIAL_TOKENS)} special tokens")
     if not word_counts:
         raise UserInputError("cannot train a WordPiece vocabulary: the corpus has no words")
-    counts = sorted(word_counts.items())
-    reserved = list(SPECIAL_TOKENS)
-    floor_vocab = learner.learn(counts, size, reserved, upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
-    if len(floor_vocab) <= size:
-        tokens = floor_vocab
-    else:
-        tokens = learner.learn(counts, size, reserved, lower_thresh=MIN_PIECE_COUNT)
+    with WordPieceLearner(sorted(word_counts.items()), size, SPECIAL_TOKENS, workers=workers) as learner:
+        floor_vocab = learner.learn(upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
+        if len(floor_vocab) <= size:
+            tokens = floor_vocab
+        else:
+            tokens = learner.learn(lower_thresh=MIN_PIECE_COUNT)
     tokens = list(tokens)[:size]
     check_bert_vocab(tokens, "(trained)")
     return tokens
