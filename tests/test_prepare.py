@@ -15,6 +15,7 @@ from pmi_jax.formats import prepared_corpus
 from preprocess.text.documents import expand_inputs, iter_documents
 from preprocess.corpus.sequence_packing import SequencePacker
 from preprocess.corpus.prepare import PrepareConfig, assign_documents, prepare
+from preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
 from preprocess.text.words import split_words
 
 PHRASES = ["the united states", "air force", "united states air force", "new york city", "new york",
@@ -201,6 +202,29 @@ def test_workers_do_not_change_the_output(corpus, prepared, tmp_path):
     config, _ = prepared
     prepare(_config(corpus, tmp_path / "data", workers=2))
     assert _bytes_of(tmp_path / "data") == _bytes_of(config.output)
+
+
+def test_a_wordpiece_learned_in_worker_processes_is_the_serial_one(tmp_path):
+    """Past MIN_PARALLEL_WORDS distinct words, --workers 2 counts the learner's passes in two
+    processes (wordpiece_learner._Workers); the vocabulary and shards must not change."""
+    rng = np.random.default_rng(3)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    distinct = MIN_PARALLEL_WORDS + 5_000
+    words = ["".join(rng.choice(letters, size=int(n))) for n in rng.integers(4, 10, size=distinct)]
+    occurrences = words + [words[i] for i in rng.zipf(1.3, size=60_000) % 500]  # rare words and a frequent head
+    rng.shuffle(occurrences)
+    text = "\n\n".join(" ".join(occurrences[i:i + 200]) for i in range(0, len(occurrences), 200))
+    (tmp_path / "words.txt").write_text(text + "\n")
+    assert len(set(occurrences)) >= MIN_PARALLEL_WORDS
+    outputs = {}
+    for workers in (1, 2):
+        config = PrepareConfig(inputs=(str(tmp_path / "words.txt"),), output=str(tmp_path / f"w{workers}"),
+                               wordpiece_size=2_000, seq_len=128, validation_fraction=0.1, shards=1, seed=1,
+                               workers=workers)
+        prepare(config)
+        outputs[workers] = _bytes_of(config.output)
+    assert outputs[1] == outputs[2]
+    assert 1_000 < len(_vocab(str(tmp_path / "w1"))) <= 2_000
 
 
 def test_another_seed_changes_units_but_not_tokens(corpus, prepared, tmp_path):
