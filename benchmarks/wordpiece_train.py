@@ -235,7 +235,8 @@ def learners_alone(train_docs: list[str], distinct: int) -> None:
 
 def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
     """One linear pass at threshold 10, serial then counted in `workers` processes (fresh learners,
-    so both count iteration 0): wall and CPU seconds (this process plus its reaped workers)."""
+    so both count iteration 0): wall and CPU seconds, this process's (what stays serial: the
+    greedy split, the merge, the sort) apart from its reaped workers' (what divides by N)."""
     from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
     from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
     from preprocess.corpus.wordpiece_learner import WordPieceLearner
@@ -243,13 +244,14 @@ def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
     counts = sorted(synthesized_counts(train_docs, distinct).items())
     results = {}
     for w in (1, workers):
-        cpu, wall = _cpu_seconds() + _children_cpu_seconds(), time.perf_counter()
+        own, children, wall = _cpu_seconds(), _children_cpu_seconds(), time.perf_counter()
         with WordPieceLearner(counts, SIZE, SPECIAL_TOKENS, workers=w, min_parallel_words=0) as learner:
             vocab = learner.learn_with_thresh(MIN_PIECE_COUNT)
-        wall, cpu = time.perf_counter() - wall, _cpu_seconds() + _children_cpu_seconds() - cpu
+        wall, own, children = (time.perf_counter() - wall, _cpu_seconds() - own,
+                               _children_cpu_seconds() - children)
         results[w] = vocab
-        print(f"| {len(counts):,} | {w} | {wall:.1f} | {cpu:.1f} | {vocab == results[1]} | "
-              f"{os.getloadavg()[0]:.1f} |", flush=True)
+        print(f"| {len(counts):,} | {w} | {wall:.1f} | {own + children:.1f} | {own:.1f} | {children:.1f} | "
+              f"{vocab == results[1]} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 def _children_cpu_seconds() -> float:
@@ -319,8 +321,8 @@ def main() -> None:
     os.makedirs(args.work_dir, exist_ok=True)
     train_docs, held_out = _split_demo(args.demo_dir)
     if args.distinct and args.learner_workers:
-        print("| distinct words | workers | wall s | CPU s (with workers) | same tokens | load average |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| distinct words | workers | wall s | CPU s (all) | this process | workers | same tokens | load average |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for distinct in args.distinct:
             learner_workers(train_docs, int(distinct), args.learner_workers)
         return
