@@ -27,11 +27,14 @@ for rel in files:
         same = json.dumps(jb, sort_keys=True).replace(str(B), 'OUT') == json.dumps(ja, sort_keys=True).replace(str(A), 'OUT')
         rows.append((s + ' (without elapsed_seconds, paths)', 'same' if same else 'DIFFERENT', '')); continue
     if s.endswith('metrics.jsonl'):
-        keys = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')
-        lb = [{k: r[k] for k in keys} for r in map(json.loads, b.read_text().splitlines())]
-        la = [{k: r[k] for k in keys} for r in map(json.loads, a.read_text().splitlines())]
+        keys = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate', 'validation_loss', 'validation_accuracy')
+        lb = [{k: r.get(k) for k in keys} for r in map(json.loads, b.read_text().splitlines())]
+        la = [{k: r.get(k) for k in keys} for r in map(json.loads, a.read_text().splitlines())]
+        if lb != la:  # how far apart: float rounding, or another computation
+            gap = max(abs(x[k] - y[k]) for x, y in zip(lb, la) for k in keys if isinstance(x[k], float))
+            rows.append((s + ' largest difference', f'{gap:.2e}', ''))
         h = lambda l: hashlib.sha256(json.dumps(l).encode()).hexdigest()[:16]
-        rows.append((s + ' (step, loss, accuracy, grad_norm, lr)', 'same' if lb == la else 'DIFFERENT', f'{h(lb)} / {h(la)}'))
+        rows.append((s + ' (step, loss, accuracy, grad_norm, lr, validation)', 'same' if lb == la else 'DIFFERENT', f'{h(lb)} / {h(la)}'))
         continue
     hb = hashlib.sha256(norm(b, B)).hexdigest()[:16]; ha = hashlib.sha256(norm(a, A)).hexdigest()[:16]
     rows.append((s, 'same' if hb == ha else 'DIFFERENT', f'{hb} / {ha}'))
