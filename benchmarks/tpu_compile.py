@@ -14,12 +14,15 @@ estimate on this machine, not a measurement on a TPU. Needs libtpu (`pip install
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
 
 from pmi_jax import compile_only  # noqa: E402
 from pmi_jax.config import load_config  # noqa: E402
@@ -86,10 +89,18 @@ def hlo_summary(hlo_text: str, config) -> dict:
     return {"matmuls": counts, "stacked_activations": stacked}
 
 
+def _libtpu_version() -> str | None:
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:  # compile_train_step will say how to install it
+        return None
+
+
 def run_cell(size: str, topology: str, label: str, extra: list[str], hlo_dir: str | None = None) -> dict:
     overrides = list(COMMON) + list(TOGGLES.get(label, ())) + extra
     config = apply_overrides(load_config(size), overrides)
-    record = {"size": size, "topology": topology, "options": label, "overrides": overrides}
+    record = {"size": size, "topology": topology, "options": label, "overrides": overrides,
+              "jax": jax.__version__, "libtpu": _libtpu_version()}
     start = time.perf_counter()
     try:
         report, compiled = compile_only.compile_train_step(config, topology)
