@@ -31,7 +31,8 @@ All target 30,522 tokens. `tokenizers` is run twice on the smallest corpus to ch
 words (`synthesized_counts`), so that the threshold search runs several passes, as at the paper's
 size: one pass of the library's learner at threshold 10 and the whole search of the linear one.
 `--distinct 1e5 --learner-workers 2` instead times one linear pass at threshold 10 counted here and
-in 2 worker processes: wall seconds and CPU seconds of this process and its workers.
+in 2 worker processes (`--whole-search`: the whole threshold search, over which the workers'
+start-up is paid once): wall seconds and CPU seconds of this process and of its workers.
 """
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ def learners_alone(train_docs: list[str], distinct: int) -> None:
           f"{passes * library_cpu:.0f} | {len(tokens):,} | {_peak_rss_mb():,.0f} |", flush=True)
 
 
-def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
+def learner_workers(train_docs: list[str], distinct: int, workers: int, whole_search: bool = False) -> None:
     """One linear pass at threshold 10, serial then counted in `workers` processes (fresh learners,
     so both count iteration 0): wall and CPU seconds, this process's (what stays serial: the
     greedy split, the merge, the sort) apart from its reaped workers' (what divides by N)."""
@@ -246,7 +247,7 @@ def learner_workers(train_docs: list[str], distinct: int, workers: int) -> None:
     for w in (1, workers):
         own, children, wall = _cpu_seconds(), _children_cpu_seconds(), time.perf_counter()
         with WordPieceLearner(counts, SIZE, SPECIAL_TOKENS, workers=w, min_parallel_words=0) as learner:
-            vocab = learner.learn_with_thresh(MIN_PIECE_COUNT)
+            vocab = learner.learn() if whole_search else learner.learn_with_thresh(MIN_PIECE_COUNT)
         wall, own, children = (time.perf_counter() - wall, _cpu_seconds() - own,
                                _children_cpu_seconds() - children)
         results[w] = vocab
@@ -307,6 +308,8 @@ def main() -> None:
     parser.add_argument("--corpus")
     parser.add_argument("--vocab-out")
     parser.add_argument("--distinct", type=float, nargs="+", help="time the learners alone on synthesized counts")
+    parser.add_argument("--whole-search", action="store_true",
+                        help="with --learner-workers: time the whole threshold search, not one pass")
     parser.add_argument("--learner-workers", type=int, default=0,
                         help="with --distinct: one linear pass serial and in this many worker processes")
     args = parser.parse_args()
@@ -324,7 +327,7 @@ def main() -> None:
         print("| distinct words | workers | wall s | CPU s (all) | this process | workers | same tokens | load average |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for distinct in args.distinct:
-            learner_workers(train_docs, int(distinct), args.learner_workers)
+            learner_workers(train_docs, int(distinct), args.learner_workers, args.whole_search)
         return
     if args.distinct:
         print("| distinct words | learner setup CPU s | library pass CPU s | linear pass CPU s | ratio | same tokens "
