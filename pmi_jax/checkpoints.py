@@ -161,18 +161,15 @@ def _drop_abandoned_reads(unraisable, *, previous) -> None:
 
 @functools.cache
 def _quiet_orbax() -> None:
-    """Once per process: the three filters above."""
+    """Once per process: the three filters above, and a fourth: a restore or save that failed
+    (damaged checkpoint, full disk) leaves Orbax's other reads or writes as coroutines no one
+    will await, and Python warns of each at exit ("coroutine '...' was never awaited"), after
+    the command's own error line. The failure is reported already; pmi-jax runs no coroutines."""
     import sys
 
     logging.getLogger("absl").addFilter(_DropOrbaxNarration())
     logging.getLogger("asyncio").addFilter(_DropAbandonedReadTasks())
     sys.unraisablehook = functools.partial(_drop_abandoned_reads, previous=sys.unraisablehook)
-
-
-def _forget_abandoned_reads() -> None:
-    """After a restore failed: Orbax's reads of the other arrays are coroutines no one will
-    await, and Python warns of each at exit ("coroutine '...' was never awaited"), after the
-    command's own error line. The failure is reported already; pmi-jax runs no coroutines."""
     warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
 
 
@@ -282,7 +279,6 @@ def restore_newest(plan: ResumePlan, target: dict) -> tuple[int, dict, dict] | N
             state, metadata = checkpointer.restore(step, target)
         except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
             unreadable.append(Unreadable(step, f"state: {_reason(e)}"))
-            _forget_abandoned_reads()
             continue
         restored = step, state, metadata
         break
@@ -354,7 +350,6 @@ def restore_for_eval(workdir_or_step_dir: str):
                 model_config, params, metadata = _restore_params(checkpointer, step)
             except Exception as e:  # noqa: BLE001 - any damage: try the next older checkpoint
                 unreadable.append(Unreadable(step, _reason(e)))
-                _forget_abandoned_reads()
                 continue
             for u in unreadable:
                 logging.warning("skipped checkpoint %d of %s (%s); evaluating step %d", u.step, workdir, u.reason, step)
