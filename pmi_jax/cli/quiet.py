@@ -143,9 +143,11 @@ class StderrFilter:
         # handlers (as soon as `self.pid` is known) waits for them instead of killing it.
         passed_on = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
         blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
-        self.pid = os.fork()
-        if self.pid != 0:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
+        try:
+            self.pid = os.fork()
+        finally:
+            if os.getpid() == command:  # the command (also when fork failed): its signals as they were
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
         if self.pid == 0:  # the filter process: original stderr on fd 2, the pipe on read_fd
             # The filter outlives the command, which may still have things to say after a
             # signal, and ends at EOF, when the command and its children have closed the pipe.
