@@ -62,32 +62,37 @@ PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py
 NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
 CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
+KERNELS = Variant("attention-kernels")  # one layer's attention, forward and backward, per implementation
 
 # Priority order: what is cut when the budget runs out comes last.
 GPU_PLAN = (
     CHECK,
+    KERNELS,
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
+    Variant("large-512-paper", size="large", profile=True),
     Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
+    Variant("base-512-paper-rbg", overrides=("train.prng_impl=rbg",)),
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
     Variant("base-512-paper-b64", batch_per_device=64),
-    Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
-    Variant("large-512-paper", size="large", profile=True),
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT),
-    Variant("base-128-paper-b128", seq_len=128, batch_per_device=128),
-    Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT),
-    Variant("base-512-paper-b128", batch_per_device=128),
+    Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",)),
+    Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
     Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
-    Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
+    Variant("base-512-paper-b128", batch_per_device=128),
+    Variant("base-128-paper-b128", seq_len=128, batch_per_device=128),
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
-    Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
+    Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
+    Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
+    Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT),
 )
 
 # The CPU dry run: the same code paths on a model small enough for a test.
 _TINY = ("model.vocab_size=512", "model.max_position_embeddings=64")
 CPU_PLAN = (
     CHECK,
+    KERNELS,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh"),
@@ -242,10 +247,13 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
 
     On a GPU the device's kernel events are used (processes named /device:...); on a CPU the
     host threads that run the XLA ops. An event is attributed by its `hlo_op` argument (or its
-    name) through `categories`; kernels of unknown ops fall back to their names.
+    name) through `categories`. On a GPU, a kernel whose op is not an instruction of the module
+    (a command buffer: the first H200 run attributed 28.6 of 48.7 ms to "other" that way) is
+    attributed by its kernel name, through the HLO instruction of that name, else by the name.
     """
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and "/device:" in str(e.get("args", {}).get("name", ""))}
+    by_kernel = {_kernel_name(op): category for op, category in categories.items()}
     totals = dict.fromkeys(CATEGORIES, 0.0)
     per_op: dict[str, float] = {}
     for e in events:
@@ -257,7 +265,13 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
         op = args.get("hlo_op") or e.get("name", "")
         if not args.get("hlo_op") and not devices:
             continue  # host-side bookkeeping on CPU
-        category = categories.get(op) or _category_from_kernel_name(e.get("name", ""))
+        category = categories.get(op)
+        if devices and category in (None, "control"):
+            # XLA:GPU runs most of a step as CUDA graphs: the trace then names the command buffer
+            # as every kernel's op, and the kernel by its fusion's name (see _kernel_name).
+            op = e.get("name", "")
+            category = by_kernel.get(op) or _category_from_kernel_name(op)
+        category = category or _category_from_kernel_name(e.get("name", ""))
         if category == "control":
             continue
         ms = float(e.get("dur", 0.0)) / 1e3 / steps
@@ -269,13 +283,21 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
             "top_ops": [{"op": k, "ms": round(v, 3)} for k, v in top]}
 
 
+def _kernel_name(hlo_name: str) -> str:
+    """The GPU kernel name XLA gives an HLO instruction: '.' and '-' become '_'."""
+    return re.sub(r"[.\-]", "_", hlo_name)
+
+
 def _category_from_kernel_name(name: str) -> str:
+    """A kernel not found in the compiled HLO: cuDNN/cuBLAS/CUTLASS by their names, XLA's fusions."""
     if _attention_target(name):
         return "attention"
     if re.search(r"gemm|cutlass|xmma|nvjet|cublas|matmul", name, re.I):
         return "matmul"
     if "scatter" in name.lower():
         return "scatter"
+    if re.search(r"fusion|^loop_|^input_|^wrapped_", name):
+        return "elementwise"
     return "other"
 
 
@@ -325,6 +347,81 @@ def attention_check(platform: str | None) -> dict:
     return {"variant": "attention-check", "compared": "cudnn vs xla" if on_gpu else "xla lengths vs xla mask",
             "shape": [b, length, h, k], "max_error_relative_to_max": errors,
             "agree_within_bf16": all(e < 2e-2 for e in errors.values())}
+
+
+def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
+    """One attention layer's forward and backward, per implementation, at BERT-base's shapes.
+
+    q, k, v of [32, 512, 12, 64] bf16 (batch 32, the step's), padded tails, timed as
+    value_and_grad of sum(out * g): what a fused path with dropout could save at most against
+    the written-out attention the paper's dropout takes now. Forms: the model's written-out
+    attention with and without dropout 0.1 (threefry, flax's bernoulli), JAX's XLA and cuDNN
+    paths with key lengths, cuDNN's private API with its static-seed dropout (its speed only:
+    the seed makes it unusable, docs/gpu.md), and Pallas' Triton flash attention with segment
+    ids (no dropout; the base a kernel with in-kernel dropout would start from). On CPU
+    (the dry run) the shapes are tiny, cuDNN is left out and Pallas runs in interpret mode.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    b, length, h, k = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
+    q, kk, v = jax.random.normal(jax.random.key(0), (3, b, length, h, k), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32).astype(jnp.bfloat16)
+    lengths_B = jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
+    valid_BxL = jnp.arange(length)[None, :] < lengths_B[:, None]
+    rng = jax.random.key(2)
+    scale = k ** -0.5
+
+    def written(q, kk, v, rate):
+        scores = jnp.einsum("bqhk,bshk->bhqs", q * jnp.asarray(scale, q.dtype), kk).astype(jnp.float32)
+        scores = scores + jnp.where(valid_BxL[:, None, None, :], 0.0, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        if rate:
+            keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
+            probs = probs * keep.astype(probs.dtype) / jnp.asarray(1.0 - rate, probs.dtype)
+        return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+
+    def cudnn_dropout(q, kk, v):
+        from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+        return dot_product_attention(q, kk, v, q_seqlen=lengths_B, kv_seqlen=lengths_B, scale=scale,
+                                     mask_type=MaskType.PADDING, dropout_rate=0.1, seed=0)
+
+    def pallas(q, kk, v):
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+        return pallas_attention.mha(q, kk, v, valid_BxL.astype(jnp.int32), sm_scale=scale,
+                                    interpret=not on_gpu)
+
+    forms = {
+        "written, dropout 0.1 (the paper's; today's path)": lambda q, kk, v: written(q, kk, v, 0.1),
+        "written, no dropout": lambda q, kk, v: written(q, kk, v, 0.0),
+        "jax.nn xla, lengths": lambda q, kk, v: jax.nn.dot_product_attention(
+            q, kk, v, key_value_seq_lengths=lengths_B, implementation="xla"),
+    }
+    if on_gpu:
+        forms["jax.nn cudnn, lengths"] = lambda q, kk, v: jax.nn.dot_product_attention(
+            q, kk, v, key_value_seq_lengths=lengths_B, implementation="cudnn")
+        forms["cudnn private API, dropout 0.1 (static seed)"] = cudnn_dropout
+    forms["pallas triton flash, segment ids"] = pallas
+
+    results = {}
+    for name, fn in forms.items():
+        try:
+            step = jax.jit(jax.value_and_grad(lambda q, kk, v, fn=fn: jnp.sum((fn(q, kk, v) * g).astype(jnp.float32)),
+                                              argnums=(0, 1, 2)))
+            jax.block_until_ready(step(q, kk, v))
+            times = []
+            for _ in range(repeats if on_gpu else 3):
+                t = time.perf_counter()
+                jax.block_until_ready(step(q, kk, v))
+                times.append(time.perf_counter() - t)
+            results[name] = {"ms_fwd_bwd": round(1e3 * statistics.median(times), 3),
+                             "ms_min": round(1e3 * min(times), 3)}
+        except Exception as e:  # noqa: BLE001 - one form that does not lower must not cost the others
+            results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    return {"variant": KERNELS.name, "shape": [b, length, h, k], "layers_per_step": 12, "forms": results}
 
 
 # --------------------------------------------------------------------------------------
@@ -447,6 +544,10 @@ def _write(path: str, payload: dict) -> None:
 def _line(r: dict) -> str:
     if "error" in r or "skipped" in r:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
+    if r["variant"] == KERNELS.name:
+        return "\n".join([f"{r['variant']:<30} one layer's attention, forward + backward, {r['shape']}"] + [
+            f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
+            for name, f in r["forms"].items()])
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
@@ -474,6 +575,8 @@ def main(argv=None) -> None:
         variant = Variant(**json.loads(args.one))
         if variant.name == CHECK.name:
             print(json.dumps(attention_check(args.platform or None)))
+        elif variant.name == KERNELS.name:
+            print(json.dumps(attention_kernels(args.platform or None)))
         else:
             print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None)))
         return

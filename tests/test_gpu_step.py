@@ -18,11 +18,14 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
-    assert [r["variant"] for r in results] == ["attention-check", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], \
+    assert [r["variant"] for r in results] == ["attention-check", "attention-kernels", "tiny-64-paper",
+                                                  "tiny-32-attn0-sorted-tanh"], \
         proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
+    kernels = results.pop(0)["forms"]
+    assert len(kernels) == 4 and all(f.get("ms_fwd_bwd", 0) > 0 for f in kernels.values()), kernels  # Pallas interpreted
     for r in results:
         assert "error" not in r, r
         assert r["timed_steps"] >= 3 and r["ms_per_step"] > 0 and r["forbidden_modules"] == []
@@ -45,4 +48,42 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent"] * 3
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 4
+
+
+def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
+    """On a GPU, XLA runs most of a step as command buffers: the trace's `hlo_op` is then the
+    command buffer and the kernel is named after its HLO instruction ('.' and '-' as '_')."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import gpu_step
+
+    def f(x, w):
+        return jnp.tanh(x @ w) * 2.0 + 1.0
+
+    x = jnp.ones((64, 32))
+    hlo = jax.jit(f).lower(x, jnp.ones((32, 16))).compile().as_text()
+    categories = gpu_step.categorise(hlo)
+    matmul = next(n for n, c in categories.items() if c == "matmul")
+    fusion = next((n for n, c in categories.items() if c == "elementwise"), None)
+    device = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}]
+
+    def kernel(name, us, op="command_buffer_1"):
+        return {"ph": "X", "pid": 7, "name": name, "dur": us, "args": {"hlo_op": op, "hlo_module": "jit_f"}}
+
+    events = device + [kernel(gpu_step._kernel_name(matmul), 3000.0),
+                       kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1000.0),
+                       kernel("cudnn_generated_fort_native_sdpa_sm90", 500.0),
+                       kernel("loop_add_fusion_99", 250.0),
+                       kernel("some_memcpy", 100.0),
+                       {"ph": "X", "pid": 8, "name": "host work", "dur": 9e6, "args": {}}]
+    if fusion is not None:
+        events.append(kernel(gpu_step._kernel_name(fusion), 2000.0))
+    out = gpu_step.kernel_times(events, categories, "jit_f", steps=2)
+    ms = out["ms_per_step"]
+    assert ms["matmul"] == 2.0 and ms["attention"] == 0.25 and ms["other"] == 0.05
+    assert ms["elementwise"] == 0.125 + (1.0 if fusion is not None else 0.0)
+    assert out["kernel_ms_per_step"] == round(sum(ms.values()), 3)
+    assert out["top_ops"][0]["op"].startswith(gpu_step._kernel_name(matmul))
