@@ -8,6 +8,7 @@ is written last. Which document goes where depends only on the corpus, --validat
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import hashlib
@@ -37,6 +38,7 @@ MIN_SEQ_LEN = 8
 _BATCH_CHARS = 1_000_000         # documents are tokenised in batches of about this many characters
 _AUTO_SHARD_CHARS = 32 * 2**20   # --shards 0: one train shard per this many characters of text
 _AUTO_MIN_SHARDS = 4
+_RESUME_EVERY_CHARS = 2**20      # a shard reads at most about this much text before its first document
 _DEFAULT_WORDPIECE_SIZE = wordpiece_vocab.DEFAULT_SIZE
 
 
@@ -67,6 +69,9 @@ class CorpusScan:
     sha256: str
     invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/text/documents.py)
     text_field: str = documents.DEFAULT_TEXT_FIELD
+    # Per file, (document index in the file, resume point) about every _RESUME_EVERY_CHARS of
+    # text: where a shard's read of the file starts (documents.read_documents_with_resume_points).
+    resume_points: tuple[tuple[tuple[int, tuple], ...], ...] = ()
 
     @property
     def documents(self) -> int:
@@ -102,18 +107,24 @@ class WorkerContext:
 
 def scan_corpus(files: Sequence[str], progress: bool = True,
                 text_field: str = documents.DEFAULT_TEXT_FIELD) -> CorpusScan:
-    """One pass over the corpus: documents per file, characters, and a content hash."""
+    """One pass over the corpus: documents per file, characters, a content hash, resume points."""
     digest = hashlib.sha256()
-    counts, chars = [], 0
+    counts, chars, points = [], 0, []
     with documents.tally_replacements() as replaced:
         for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2 or not progress):
-            n = 0
-            for doc in documents.read_documents(path, text_field):
+            n, file_points, since = 0, [], _RESUME_EVERY_CHARS
+            for doc, resume in documents.read_documents_with_resume_points(path, text_field):
+                if resume is not None and since >= _RESUME_EVERY_CHARS and n:
+                    file_points.append((n, resume))
+                    since = 0
                 digest.update(doc.encode("utf-8") + b"\0")
                 chars += len(doc)
+                since += len(doc)
                 n += 1
             counts.append(n)
-    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field)
+            points.append(tuple(file_points))
+    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field,
+                      tuple(points))
 
 
 def load_unit_vocabularies(units: Sequence[tuple[str, str]],
@@ -223,7 +234,9 @@ def check_config(config: PrepareConfig) -> None:
 # One shard.
 
 def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple[int, str]]:
-    """(global index, text) of the given documents, reading only the files that hold them."""
+    """(global index, text) of the given documents, reading only the files that hold them, each
+    from the last resume point before its first wanted document (so that the shards of one big
+    file do not each read it from its start)."""
     if not len(doc_indices):
         return
     first_of_file = np.concatenate([[0], np.cumsum(scan.docs_per_file)])
@@ -232,7 +245,13 @@ def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple
     for f, path in enumerate(scan.files):
         if first_of_file[f + 1] <= lo or first_of_file[f] > hi:
             continue
-        for i, doc in enumerate(documents.read_documents(path, scan.text_field), start=int(first_of_file[f])):
+        first, start = 0, None
+        points = scan.resume_points[f] if scan.resume_points else ()
+        k = bisect.bisect_right([n for n, _ in points], lo - int(first_of_file[f])) - 1
+        if k >= 0:
+            first, start = points[k]
+        for i, doc in enumerate(documents.read_documents(path, scan.text_field, start),
+                                start=int(first_of_file[f]) + first):
             if i > hi:
                 break
             if i in wanted:
