@@ -240,3 +240,26 @@ def test_the_learner_counts_the_same_in_worker_processes():
                               min_parallel_words=0) as learner:
             assert learner.learn_with_thresh(5) == no_joiner
     assert WordPieceLearner(table, 300, reserved, workers=4).workers == 1  # small: counted here
+
+
+def test_the_search_skips_only_passes_that_would_end_under_the_target():
+    """`WordPieceLearner.learn` skips a pass when iteration 0's counts prove its vocabulary would be
+    under the target by more than the slack: the result is still tensorflow_text's, and every
+    skipped pass, run anyway, is under its bound and under the target."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
+
+    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+
+    counts = sorted(_syllable_counts().items())
+    reserved = list(wordpiece_vocab.SPECIAL_TOKENS)
+    size = 3000
+    learner = WordPieceLearner(counts, size, reserved)
+    assert learner.size_bound(1000) == float("inf")  # nothing counted yet: nothing proved
+    assert len(learner.learn(upper_thresh=10, lower_thresh=10)) > size  # the floor pass, as train_vocab
+    tokens = learner.learn(lower_thresh=10)
+    assert tokens == library.learn(counts, size, reserved, lower_thresh=10)
+    assert len(learner.skipped) >= 5, learner.skipped
+    slack = 0.05 * size
+    for thresh in learner.skipped:
+        run = len(learner.learn_with_thresh(thresh))
+        assert run <= learner.size_bound(thresh) and size - run > slack, (thresh, run)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import multiprocessing
 from typing import Iterable, Sequence
 
+import numpy as np
+
 # Fewer distinct words than this: counted in this process, as starting workers would cost more.
 MIN_PARALLEL_WORDS = 50_000
 
@@ -37,6 +39,8 @@ class WordPieceLearner:
         self._positive = all(count > 0 for _, count in self.filtered)
         self._vocabs: dict[int, list[str]] = {}  # threshold -> vocabulary
         self._first: tuple[int, list[dict[str, int]]] | None = None  # (floor, iteration 0's counts >= floor)
+        self._first_sorted: tuple[int, np.ndarray] | None = None  # (floor, those counts sorted)
+        self.skipped: list[int] = []  # thresholds whose passes `learn` proved it need not run (size_bound)
         self.workers = max(1, min(workers, len(self.filtered))) if len(self.filtered) >= min_parallel_words else 1
         self._pool: _Workers | None = None
 
@@ -59,6 +63,12 @@ class WordPieceLearner:
         slack = max(self.params.slack_ratio * self.params.vocab_size, 0)
         while True:  # library.learn_binary_search, as a loop
             thresh = (upper + lower) // 2
+            if lower < upper and thresh > 1 and self.params.vocab_size - self.size_bound(thresh) > slack:
+                # The pass would end under the target by more than the slack, and not be the last:
+                # the search goes on below it whatever its tokens, so they need not be learned.
+                self.skipped.append(thresh)
+                upper = thresh - 1
+                continue
             vocab = self.learn_with_thresh(thresh)
             size = len(vocab)
             if (size <= self.params.vocab_size and self.params.vocab_size - size <= slack) or lower >= upper \
@@ -68,6 +78,27 @@ class WordPieceLearner:
                 lower = thresh + 1
             else:
                 upper = thresh - 1
+
+    def size_bound(self, thresh: int) -> float:
+        """An upper bound on len(learn_with_thresh(thresh)) from iteration 0's counts, or inf.
+
+        Every pass's tokens are the reserved ones, the characters (plain and joiner-prefixed) and
+        the suffixes chosen in its last iteration: those counted at least `thresh` times. An
+        iteration after the first counts a suffix at a subset of the positions iteration 0
+        counts it at (its piece boundaries, against every letter), so no suffix is counted more
+        often than in iteration 0: the chosen ones are at most the suffixes whose iteration-0
+        count reaches `thresh`. Known once iteration 0 was counted down to `thresh` (the floor
+        pass that `train_vocab` runs first does it), and only where the suffix counts apply.
+        """
+        if self._first is None or self._first[0] > thresh or not self._positive or thresh <= 0:
+            return float("inf")
+        if self._first_sorted is None or self._first_sorted[0] != self._first[0]:
+            counts = np.fromiter((c for table in self._first[1] for c in table.values()), np.int64)
+            self._first_sorted = (self._first[0], np.sort(counts))
+        counts = self._first_sorted[1]
+        reached = len(counts) - int(np.searchsorted(counts, thresh, side="left"))
+        chars = len(self.char_tokens) * (2 if self.params.include_joiner_token else 1)
+        return len(self.params.reserved_tokens) + chars + reached
 
     def learn_with_thresh(self, thresh: int) -> list[str]:
         """`library.learn_with_thresh(self.filtered, thresh, params)`."""
