@@ -5,6 +5,7 @@ cut into a plain text file and a gzipped JSON-lines file so that both readers ru
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import itertools
@@ -103,3 +104,21 @@ def test_help_documents_the_dataflow_flags(command, capsys):
     for flag in ("--runner", "DataflowRunner", "--project", "--region", "--temp_location", "--machine_type",
                  "--setup_file", "--requirements_file", "--beam-option", "--input", "--output"):
         assert flag in text, flag
+
+
+def test_beams_wordpiece_step_learns_in_worker_processes_what_one_process_learns(tmp_path):
+    """The pipeline's one-worker WordPiece step counts the learner's passes in that machine's
+    processes: past MIN_PARALLEL_WORDS distinct words they start, and vocab.txt does not change."""
+    import numpy as np
+
+    from preprocess.corpus import wordpiece
+    from preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
+
+    rng = np.random.default_rng(5)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = {"".join(rng.choice(letters, size=int(n))) for n in rng.integers(4, 10, size=MIN_PARALLEL_WORDS + 5_000)}
+    counts = [(w, int(c)) for w, c in zip(sorted(words), rng.zipf(1.5, size=len(words)) % 1_000 + 1)]
+    assert len(counts) >= MIN_PARALLEL_WORDS
+    written = beam_prepare.train_and_write_wordpiece(counts, 2_000, str(tmp_path / "vocab.txt"), workers=2)
+    serial = wordpiece.train_vocab(collections.Counter(dict(counts)), 2_000, workers=1)
+    assert pathlib.Path(written).read_text().split("\n")[:len(serial)] == serial

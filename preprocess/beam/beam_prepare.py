@@ -54,14 +54,20 @@ def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
     yield from wordpiece.count_words([batch]).items()
 
 
-def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int, vocab_txt: str) -> str:
-    """Train the WordPiece vocabulary on the summed counts and write vocab.txt (atomically)."""
+def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int, vocab_txt: str,
+                              workers: int | None = None) -> str:
+    """Train the WordPiece vocabulary on the summed counts and write vocab.txt (atomically).
+
+    It runs on one Beam worker; the learner's passes are counted in `workers` processes (default:
+    that machine's cores), which gives the same vocabulary as one process.
+    """
     import collections
+    import os
 
     from pmi_jax.formats import wordpiece_vocab
     from preprocess.corpus import wordpiece
 
-    tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size)
+    tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size, workers=workers or os.cpu_count() or 1)
     wordpiece_vocab.write_vocab(vocab_txt, tokens)
     return vocab_txt
 
