@@ -1,6 +1,6 @@
 """BERT's training step on one accelerator, variant by variant, in one command of under ten minutes.
 
-    python benchmarks/gpu_step.py --output gpu_step/                  # the GPU plan (about 9 minutes on an H100)
+    python benchmarks/gpu_step.py --output gpu_step/                  # the GPU plan, as far as 540 s reach
     python benchmarks/gpu_step.py --output /tmp/dry --platform cpu    # a tiny dry run of the same code on CPU
 
 Each variant is the trainer's own jitted step (`pmi_jax.train.build_program`: MLM loss on the
@@ -15,8 +15,10 @@ gradient the program was settled to, and for the variants marked `profile` a ker
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
 `jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (see
 `categorise`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
-(outputs and gradients; `attention_check`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
-whole command fits 9 minutes of a 10-minute machine call); those left out are recorded as
+(outputs and gradients; `attention_check`), then times one layer's attention, forward and
+backward, in each implementation at hand (`attention_kernels`). Variants run in priority
+order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a 10-minute
+machine call; on an H200 that reached 11 of the 20); those left out are recorded as
 skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
 
 Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
@@ -248,8 +250,8 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
     On a GPU the device's kernel events are used (processes named /device:...); on a CPU the
     host threads that run the XLA ops. An event is attributed by its `hlo_op` argument (or its
     name) through `categories`. On a GPU, a kernel whose op is not an instruction of the module
-    (a command buffer: the first H200 run attributed 28.6 of 48.7 ms to "other" that way) is
-    attributed by its kernel name, through the HLO instruction of that name, else by the name.
+    (a command buffer: XLA runs most of a GPU step as CUDA graphs) is attributed by its kernel
+    name, through the HLO instruction of that name, else by the name.
     """
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and "/device:" in str(e.get("args", {}).get("name", ""))}
