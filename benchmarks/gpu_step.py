@@ -367,6 +367,8 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
+    from pmi_jax.model import Dropout, written_attention
+
     device = (jax.devices(platform) if platform else jax.devices())[0]
     on_gpu = device.platform == "gpu"
     b, length, h, k = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
@@ -376,15 +378,11 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     valid_BxL = jnp.arange(length)[None, :] < lengths_B[:, None]
     rng = jax.random.key(2)
     scale = k ** -0.5
+    dropout = Dropout(0.1, cpu_variant=device.platform == "cpu")  # as the model's, on this platform
 
-    def written(q, kk, v, rate):
-        scores = jnp.einsum("bqhk,bshk->bhqs", q * jnp.asarray(scale, q.dtype), kk).astype(jnp.float32)
-        scores = scores + jnp.where(valid_BxL[:, None, None, :], 0.0, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        if rate:
-            keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-            probs = probs * keep.astype(probs.dtype) / jnp.asarray(1.0 - rate, probs.dtype)
-        return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+    def written(q, kk, v, rate):  # the model's own written-out attention
+        drop = (lambda p: dropout.apply({}, p, deterministic=False, rngs={"dropout": rng})) if rate else (lambda p: p)
+        return written_attention(q, kk, v, valid_BxL, drop)
 
     def cudnn_dropout(q, kk, v):
         from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention

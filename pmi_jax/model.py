@@ -322,6 +322,20 @@ class HeadsProjection(nn.Module):
         return y.reshape(*y.shape[:-1], h, k) if self.to_heads else y
 
 
+def written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, dropout) -> jax.Array:
+    """Attention with its scores, softmax and `dropout` (a function of the probabilities) written
+    out: the path of attention dropout > 0, which XLA compiles on every platform. A function of its
+    own so that benchmarks/gpu_step.py times exactly this beside the fused kernels."""
+    dtype = q_BxLxHxK.dtype
+    q_BxLxHxK = q_BxLxHxK * jnp.asarray(q_BxLxHxK.shape[-1] ** -0.5, dtype)
+    scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
+    # Padding keys get a large negative additive bias, as in BERT: an add (unlike a select on
+    # the [B, H, L, L] scores) fuses into the scores matmul and the softmax.
+    bias_Bx1x1xL = jnp.where(input_mask_BxL[:, None, None, :].astype(bool), 0.0, jnp.finfo(jnp.float32).min)
+    probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL + bias_Bx1x1xL, axis=-1).astype(dtype)
+    return jnp.einsum("bhqs,bshk->bqhk", dropout(probs_BxHxLxL), v_BxLxHxK)
+
+
 class SelfAttention(nn.Module):
     """Bidirectional multi-head self-attention; padding keys are masked out.
 
@@ -365,16 +379,9 @@ class SelfAttention(nn.Module):
                                                        key_value_seq_lengths=lengths_B,
                                                        implementation=attention_implementation(c))
         else:
-            q_BxLxHxK = q_BxLxHxK * jnp.asarray(c.head_dim ** -0.5, dtype)
-            scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
-            # Padding keys get a large negative additive bias, as in BERT: an add (unlike a
-            # select on the [B, H, L, L] scores) fuses into the scores matmul and the softmax.
-            bias_Bx1x1xL = jnp.where(input_mask_BxL[:, None, None, :].astype(bool), 0.0,
-                                     jnp.finfo(jnp.float32).min)
-            scores_BxHxLxL = scores_BxHxLxL + bias_Bx1x1xL
-            probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL, axis=-1).astype(dtype)
-            probs_BxHxLxL = _dropout(c, c.attention_dropout_rate)(probs_BxHxLxL, deterministic=deterministic)
-            out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxLxL, v_BxLxHxK)
+            dropout = _dropout(c, c.attention_dropout_rate)
+            out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL,
+                                            lambda p: dropout(p, deterministic=deterministic))
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
         return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
 
