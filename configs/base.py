@@ -10,7 +10,7 @@ from pmi_jax.config import (CheckpointConfig, DataConfig, ExperimentConfig, Mesh
 
 def get_config() -> ExperimentConfig:
     return ExperimentConfig(
-        # vocab_size=0: the corpus's WordPiece vocabulary (30,522 entries in the paper).
+        # vocab_size=0: the corpus's WordPiece vocabulary (the paper's is "30K", §4.1; BERT's uncased one has 30,522).
         model=ModelConfig(vocab_size=0, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                           max_position_embeddings=512, dropout_rate=0.1, attention_dropout_rate=0.1,
                           dtype="bfloat16",
