@@ -141,12 +141,13 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
     name) through `categories`. On a GPU, a kernel whose op is not an instruction of the module
     (a command buffer: XLA runs most of a GPU step as CUDA graphs) is attributed by its kernel
     name, through the HLO instruction of that name, else by the name. `kernels`
-    (pmi_jax.hlo.Kernel) adds each top kernel's model operation and bytes.
+    (pmi_jax.hlo.Kernel) adds each top kernel's model operation, launches per step and bytes.
     """
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and "/device:" in str(e.get("args", {}).get("name", ""))}
     by_kernel = {hlo.kernel_name(op): category for op, category in categories.items()}
-    known = {hlo.kernel_name(k.name): k for k in kernels} | {k.name: k for k in kernels}
+    groups = hlo.by_kernel(list(kernels))
+    known = groups | {k.name: groups[k.kernel] for k in kernels if k.kernel in groups}
     totals = dict.fromkeys(CATEGORIES, 0.0)
     per_op: dict[str, float] = {}
     for e in events:
@@ -173,9 +174,9 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
 
     def row(op, category, ms):
-        kernel = known.get(op)
+        group = known.get(op)  # a kernel XLA reuses for identical fusions runs once per launch
         return {"op": f"{op} ({category})", "ms": round(ms, 3)} | (
-            {"model_op": kernel.op, "bytes": kernel.bytes} if kernel else {})
+            {"model_op": group.op, "launches": group.launches, "bytes": group.bytes} if group else {})
 
     return {"ms_per_step": {k: round(v, 3) for k, v in totals.items()},
             "kernel_ms_per_step": round(sum(totals.values()), 3),

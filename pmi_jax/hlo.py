@@ -200,7 +200,7 @@ def _dot_flops(out_shape: str, lhs_shape: str, contracting: list[int]) -> float:
     return 2.0 * math.prod(_dims(out_shape)) * math.prod(lhs[d] for d in contracting if d < len(lhs))
 
 
-def _backend_dims(attributes: str, key: str) -> dict:
+def _backend_dims(attributes: str, key: str) -> dict:  # a dimension-numbers object of a backend_config
     m = re.search(rf'"{key}":\s*(\{{[^{{}}]*\}})', attributes)
     return json.loads(m.group(1)) if m else {}
 
@@ -220,21 +220,17 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
         return _dot_flops(out.group(0) if out else "", lhs,
                           [int(d) for d in dims.get("lhs_contracting_dimensions", [])])
     if inst.opcode == "custom-call" and _attention_target(inst.target):
-        dims = _backend_dims(inst.attributes, "bmm1_dot_dimension_numbers")
-        if not dims or len(inst.operands) < 2:
+        # The scores' shape [batch, heads, queries, keys] and the query's size give the head
+        # dimension, whatever the layout.
+        m = re.search(r'"intermediate_tensor_shape":\s*\{"element_type":\s*"\w+",\s*"dimensions":\s*\[([^\]]*)\]',
+                      inst.attributes)
+        scores = _int_list(m.group(1)) if m else []
+        q = _dims(module.shape_of(computation, inst.operands[0])) if inst.operands else []
+        if len(scores) != 4 or not q:
             return 0.0
-        q = _dims(module.shape_of(computation, inst.operands[0]))
-        k = _dims(module.shape_of(computation, inst.operands[1]))
-        q_batch, k_batch = ([int(d) for d in dims.get(f"{s}_batch_dimensions", [])] for s in ("lhs", "rhs"))
-        q_con, k_con = ([int(d) for d in dims.get(f"{s}_contracting_dimensions", [])] for s in ("lhs", "rhs"))
-        if not q or not k:
-            return 0.0
-        batch = math.prod(q[d] for d in q_batch)
-        contracted = math.prod(q[d] for d in q_con)
-        rows = math.prod(x for d, x in enumerate(q) if d not in q_batch + q_con)
-        cols = math.prod(x for d, x in enumerate(k) if d not in k_batch + k_con)
+        head_dim = math.prod(q) / math.prod(scores[:3])
         products = 5 if "backward" in inst.target.lower() else 2
-        return products * 2.0 * batch * rows * cols * contracted
+        return products * 2.0 * math.prod(scores) * head_dim
     return sum(instruction_flops(module, called, i) for called in inst.calls
                for i in module.computations.get(called, ()))
 
@@ -268,8 +264,8 @@ def category(module: Module, inst: Instruction) -> str:
     """The kernel category of one instruction.
 
     matmul: dots, fusions containing one, cuBLAS GEMMs; attention: cuDNN's fused attention, and
-    the non-matmul work of `SelfAttention` (softmax, dropout, the padding bias) found from the
-    instruction's Python stack; scatter: scatters and fusions containing one; optimizer: what
+    the non-matmul work of the written-out attention (softmax, dropout, the padding bias), found
+    from the instruction's Python stack or its module path (.../attention, not its projections); scatter: scatters and fusions containing one; optimizer: what
     optax's code emitted; elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere,
     the loss); other: copies, collectives, sorts and the rest; control: while loops and calls,
     whose kernels are counted where they are.
@@ -289,7 +285,8 @@ def category(module: Module, inst: Instruction) -> str:
             _contains(module, c, lambda i: i.opcode in ("dot", "convolution") or _gemm_target(i.target), set())
             for c in inst.calls))):
         return "matmul"
-    if "SelfAttention.__call__" in functions and "HeadsProjection.__call__" not in functions:
+    if ((functions & {"SelfAttention.__call__", "written_attention"} and "HeadsProjection.__call__" not in functions)
+            or re.search(r"/attention(/Dropout_\d+)?$", model_op(inst.op_name)[1])):
         return "attention"
     return "elementwise" if inst.opcode == "fusion" else "other"
 
@@ -372,12 +369,67 @@ class Kernel:
     flops: float  # matmul FLOPs by shape (instruction_flops)
     shape: str  # the result's shape
     op: str  # the model operations it computes (describe)
+    kernel: str = ""  # the GPU kernel it launches: kernel_name of the first identical fusion (reuse)
 
 
 def program_kernels(text: str) -> list[Kernel]:
-    """Every kernel of a compiled program with its bytes, FLOPs, category and model operation."""
+    """Every kernel launch of a compiled program with its bytes, FLOPs, category and model operation.
+
+    XLA:GPU compiles identical fusions (the same computation on the same shapes, e.g. one per
+    layer) once and names the kernel after the first: a profile's time for that name is the sum
+    over all of them, which `kernel` finds.
+    """
     module = parse(text)
-    return [Kernel(inst.name, inst.opcode, category(module, inst), kernel_bytes(module, computation, inst),
-                   instruction_flops(module, computation, inst), re.sub(r"\{[^}]*\}", "", inst.shape),
-                   describe(module, inst))
-            for computation, inst in kernels(module)]
+    first: dict[str, str] = {}
+    out = []
+    for computation, inst in kernels(module):
+        key = _fingerprint(module, inst) if inst.opcode == "fusion" else inst.name
+        out.append(Kernel(inst.name, inst.opcode, category(module, inst), kernel_bytes(module, computation, inst),
+                          instruction_flops(module, computation, inst), re.sub(r"\{[^}]*\}", "", inst.shape),
+                          describe(module, inst), kernel_name(first.setdefault(key, inst.name))))
+    return out
+
+
+_METADATA = re.compile(r",? ?metadata=\{[^}]*\}")
+
+
+def _fingerprint(module: Module, inst: Instruction) -> str:
+    """The fusion's code without names or metadata: equal for fusions XLA compiles to one kernel."""
+    def body(computation: str, seen: tuple) -> str:
+        if computation in seen:
+            return ""
+        insts = module.computations.get(computation, ())
+        index = {i.name: n for n, i in enumerate(insts)}
+        return ";".join(
+            f"{re.sub(r'\{[^}]*\}', '', i.shape)} {i.opcode} {[index.get(o, o) for o in i.operands]} "
+            f"{_METADATA.sub('', re.sub(r'%[\w.\-]+', '', i.attributes))} {i.parameter} "
+            + "|".join(body(c, seen + (computation,)) for c in i.calls) for i in insts)
+    return f"{inst.shape} {_METADATA.sub('', re.sub(r'%[\w.\-]+', '', inst.attributes))} " + "|".join(
+        body(c, ()) for c in inst.calls)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelGroup:
+    """One GPU kernel (a name in a profile) and the launches that run it in one step."""
+
+    kernel: str
+    launches: int
+    bytes: int  # over all launches
+    flops: float
+    category: str
+    op: str  # the first launch's operations; layer_* where the launches span layers
+    layers: tuple  # the encoder layers the launches belong to
+
+
+def by_kernel(kernels: list[Kernel]) -> dict[str, KernelGroup]:
+    """program_kernels' launches grouped by the kernel they run, largest bytes first."""
+    groups: dict[str, list[Kernel]] = collections.defaultdict(list)
+    for k in kernels:
+        groups[k.kernel or kernel_name(k.name)].append(k)
+    out = {}
+    for name, members in groups.items():
+        layers = sorted({int(m) for k in members for m in re.findall(r"layer_(\d+)", k.op)})
+        op = re.sub(r"layer_\d+", "layer_*", members[0].op) if len(layers) > 1 else members[0].op
+        out[name] = KernelGroup(name, len(members), sum(k.bytes for k in members), sum(k.flops for k in members),
+                                members[0].category, op, tuple(layers))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1].bytes))
