@@ -151,7 +151,7 @@ class CompileReport:
     hlo_bytes: int | None = None
     kernel_count: int = 0
     roofline_seconds: float | None = None  # sum over kernels of max(FLOPs / peak, bytes / bandwidth)
-    top_kernels: tuple = ()  # pmi_jax.hlo.Kernel, the TOP_KERNELS largest by bytes
+    top_kernels: tuple = ()  # pmi_jax.hlo.KernelGroup, the TOP_KERNELS moving the most bytes per step
 
     @property
     def fits(self) -> bool:
@@ -199,10 +199,11 @@ class CompileReport:
                  f"once): {self.hlo_bytes / GiB:.2f} GiB, {1e3 * bound:.1f} ms at {self.bandwidth / 1e12:.2f} TB/s",
                  f"roofline bound (each kernel at the larger of FLOPs / peak and bytes / bandwidth; not a "
                  f"measurement): {1e3 * self.roofline_seconds:.1f} ms per step{mfu}",
-                 f"the {len(self.top_kernels)} kernels moving the most bytes (us at the bandwidth bound):",
-                 f"  {'kernel':<40} {'MiB':>8} {'us':>7}  {'kind':<11} model operation"]
+                 f"the {len(self.top_kernels)} kernels moving the most bytes per step (a kernel XLA reuses for "
+                 "identical fusions runs once per launch; ms at the bandwidth bound):",
+                 f"  {'kernel':<40} {'launches':>8} {'MiB':>8} {'ms':>6}  {'kind':<11} model operation"]
         for k in self.top_kernels:
-            lines.append(f"  {k.name:<40} {k.bytes / 2**20:8.1f} {1e6 * k.bytes / self.bandwidth:7.0f}  "
+            lines.append(f"  {k.kernel:<40} {k.launches:>8} {k.bytes / 2**20:8.1f} {1e3 * k.bytes / self.bandwidth:6.3f}  "
                          f"{k.category:<11} {k.op}")
         return lines
 
@@ -275,7 +276,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
         gpu_figures = dict(
             bandwidth=bandwidth, hlo_bytes=sum(k.bytes for k in kernels), kernel_count=len(kernels),
             roofline_seconds=sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels) if peak else None,
-            top_kernels=tuple(sorted(kernels, key=lambda k: -k.bytes)[:TOP_KERNELS]))
+            top_kernels=tuple(hlo.by_kernel(kernels).values())[:TOP_KERNELS])
         cost = {"flops": sum(k.flops for k in kernels)}
     report = CompileReport(
         topology=topology, num_devices=len(devices), num_hosts=len({d.process_index for d in devices}),

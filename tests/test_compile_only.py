@@ -200,6 +200,8 @@ def test_tiny_compiles_for_an_h100_and_its_kernels_are_named():
     assert len(top) == compile_only.TOP_KERNELS and [k["bytes"] for k in top] == sorted(
         (k["bytes"] for k in top), reverse=True)
     assert any(k["op"].startswith(("forward encoder/layer_", "backward encoder/layer_")) for k in top), top
+    # tiny's two layers run their identical fusions as one kernel each: two launches, both layers.
+    assert any(k["launches"] == 2 and k["layers"] == [0, 1] and "layer_*" in k["op"] for k in top), top
     text = "\n".join(report["lines"])
     assert "kernels moving the most bytes" in text and "TB/s" in text
 

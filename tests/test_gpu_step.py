@@ -1,4 +1,5 @@
 """benchmarks/gpu_step.py's CPU dry run: the GPU benchmark's code, variant processes, profile and JSON."""
+import gzip
 import json
 import os
 import subprocess
@@ -40,6 +41,13 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     # The step's matmuls and AdamW's update are found in the trace through the compiled HLO.
     assert profile["matmul"] > 0 and profile["optimizer"] > 0 and profile["elementwise"] > 0
     assert paper["profile"]["top_ops"] and "kernels ms/step" in proc.stdout
+    # The profiled variant's own optimized HLO is kept, and its top kernels are placed in the model.
+    assert paper["hlo"] == "hlo/tiny-64-paper.hlo.txt.gz" and "hlo" not in fast
+    with gzip.open(tmp_path / "out" / paper["hlo"], "rt") as f:
+        assert f.read().startswith("HloModule jit_train_step")
+    placed = [op for op in paper["profile"]["top_ops"] if "model_op" in op]
+    assert placed and all(op["launches"] >= 1 and op["bytes"] > 0 for op in placed)
+    assert any("encoder/layer_" in op["model_op"] for op in placed), paper["profile"]["top_ops"]
 
 
 def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
