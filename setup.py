@@ -27,6 +27,7 @@ setup(
     description="PMI-Masking for BERT-style masked language model pretraining in JAX/Flax",
     python_requires=">=3.12",
     packages=find_packages(include=["pmi_jax", "pmi_jax.*", "preprocess", "preprocess.*", "configs"]),
+    package_data={"pmi_jax": ["gpu_specs/*.txtpb"]},  # GPU descriptions for compile-only (compile_only.py)
     install_requires=CORE,
     extras_require={
         "tpu": ["jax[tpu]==0.12.0.1"],

@@ -13,13 +13,15 @@ after `--timed-s` seconds), tokens/s (padding included), MFU against the device'
 peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention and embedding
 gradient the program was settled to, and for the variants marked `profile` a kernel-time
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
-`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (see
-`categorise`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
+`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO
+(`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped, in
+OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile are its instructions'; read it
+with `pmi_jax.hlo.program_kernels`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
 (outputs and gradients; `attention_check`), then times one layer's attention, forward and
 backward, in each implementation at hand (`attention_kernels`). Variants run in priority
 order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a 10-minute
-machine call; on an H200 that reached 11 of the 20); those left out are recorded as
-skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
+machine call); a variant is started only with its `min_s` left, those left out are recorded
+as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
 
 Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
 not installed (the test runs it with them unimportable). Where TensorFlow is installed,
@@ -44,9 +46,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from pmi_jax import hlo  # noqa: E402  (the HLO reader: plain Python, no JAX)
+
 VOCAB_SIZE = 30_522
-CATEGORIES = ("matmul", "attention", "scatter", "elementwise", "optimizer", "other")
-_CONTROL = ("while", "conditional", "call")  # their time is that of the kernels they run, counted there
+CATEGORIES = hlo.CATEGORIES
+HLO_LIMIT = 16 * 2**20  # a profiled variant's compressed HLO is kept up to this size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,10 @@ class Variant:
     overrides: tuple = ()
     xla_flags: tuple = ()
     profile: bool = False
+    # The least time a variant is started with (compile, warm-up, 3 steps, the profile): with less
+    # left it is skipped, not started and killed mid-compile. Batch 128 at length 512 compiled in
+    # more than the 27 s it was left on an H100 (benchmarks/README.md).
+    min_s: float = 20.0
 
 
 PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py)
@@ -66,13 +74,20 @@ NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
 KERNELS = Variant("attention-kernels")  # one layer's attention, forward and backward, per implementation
 
-# Priority order: what is cut when the budget runs out comes last.
+# Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
+# phase, 90% of its steps) at batch 128 has the tokens of 512 x 32.
 GPU_PLAN = (
     CHECK,
     KERNELS,
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
-    Variant("large-512-paper", size="large", profile=True),
+    Variant("base-128-paper-b128", seq_len=128, batch_per_device=128, profile=True, min_s=90),
+    Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT, profile=True,
+            min_s=90),
+    Variant("base-512-paper-b128", batch_per_device=128, min_s=150),
+    Variant("large-512-paper", size="large", profile=True, min_s=60),
+    Variant("base-512-attn0-b128", batch_per_device=128, overrides=NO_ATTN_DROPOUT, min_s=150),
+    Variant("base-128-paper-b256", seq_len=128, batch_per_device=256, min_s=120),
     Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
     Variant("base-512-paper-rbg", overrides=("train.prng_impl=rbg",)),
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
@@ -82,12 +97,9 @@ GPU_PLAN = (
     Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
     Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
-    Variant("base-512-paper-b128", batch_per_device=128),
-    Variant("base-128-paper-b128", seq_len=128, batch_per_device=128),
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
     Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
     Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
-    Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT),
 )
 
 # The CPU dry run: the same code paths on a model small enough for a test.
@@ -106,132 +118,9 @@ CPU_PLAN = (
 # Kernel profile
 # --------------------------------------------------------------------------------------
 
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = .*?\s([a-z][\w\-]*)\((.*)$")
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_FRAME = re.compile(r"stack_frame_id=(\d+)")
-
-
-def _hlo_tables(hlo_text: str):
-    """The compiled module's stack-frame tables: frame id -> (file, function, parent frame id)."""
-    files, functions, locations, frames = {}, {}, {}, {}
-    section = None
-    for line in hlo_text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            section = line
-            continue
-        m = re.match(r"^(\d+) (.*)$", line)
-        if not section or not m:
-            continue
-        key, value = int(m.group(1)), m.group(2)
-        if section == "FileNames":
-            files[key] = value.strip('"')
-        elif section == "FunctionNames":
-            functions[key] = value.strip('"')
-        elif section == "FileLocations":
-            f = re.search(r"file_name_id=(\d+) function_name_id=(\d+)", value)
-            if f:
-                locations[key] = (int(f.group(1)), int(f.group(2)))
-        else:
-            f = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", value)
-            if f:
-                frames[key] = (int(f.group(1)), int(f.group(2)))
-
-    def stack(frame_id: int) -> list[tuple[str, str]]:
-        out, seen = [], set()
-        while frame_id in frames and frame_id not in seen:
-            seen.add(frame_id)
-            location, parent = frames[frame_id]
-            file_id, function_id = locations.get(location, (0, 0))
-            out.append((files.get(file_id, ""), functions.get(function_id, "")))
-            frame_id = parent
-        return out
-
-    return stack
-
-
-def categorise(hlo_text: str) -> dict[str, str]:
-    """HLO instruction name -> kernel category, for every instruction of the compiled module.
-
-    matmul: dot/convolution instructions, fusions containing one, cuBLAS/cuDNN GEMM custom
-    calls (weight projections, the decoder; the attention's own batched products too when
-    they are written out, see below); attention: cuDNN's fused attention custom calls, and
-    the non-matmul work of `SelfAttention` (softmax, dropout, the padding bias), found from
-    the instruction's Python stack; scatter: scatters and fusions containing one (the
-    embedding gradient's scatter-add); optimizer: what optax's code emitted (AdamW, clipping,
-    the update); elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere,
-    reductions, the loss); other: copies, collectives, sorts and the rest; control: while
-    loops and calls, not counted (the kernels inside them are).
-    """
-    stack = _hlo_tables(hlo_text)
-    body: dict[str, list[str]] = {}  # computation -> [opcode, called computations..., custom-call targets]
-    instructions: dict[str, tuple[str, str, str]] = {}  # name -> (computation, opcode, rest of line)
-    current = None
-    for line in hlo_text.splitlines():
-        m = _COMPUTATION.match(line)
-        if m and " = " not in line:
-            current = m.group(1)
-            body.setdefault(current, [])
-            continue
-        m = _INSTRUCTION.match(line)
-        if m and current is not None:
-            name, opcode, rest = m.groups()
-            instructions[name] = (current, opcode, rest)
-            body[current].append(opcode)
-            body[current] += ["call:" + c for c in _CALLS.findall(rest)]
-            body[current] += ["target:" + t for t in _TARGET.findall(rest)]
-
-    def contains(computation: str, wanted: tuple[str, ...], seen=None) -> bool:
-        seen = seen if seen is not None else set()
-        if computation in seen:
-            return False
-        seen.add(computation)
-        for item in body.get(computation, ()):
-            if item in wanted or (item.startswith("target:") and _gemm_target(item[7:])):
-                return True
-            if item.startswith("call:") and contains(item[5:], wanted, seen):
-                return True
-        return False
-
-    out = {}
-    for name, (_, opcode, rest) in instructions.items():
-        targets = _TARGET.findall(rest)
-        called = _CALLS.findall(rest)
-        frame = _FRAME.search(rest)
-        frames = stack(int(frame.group(1))) if frame else []
-        functions = {f for _, f in frames}
-        if opcode in _CONTROL:
-            category = "control"
-        elif any(_attention_target(t) for t in targets):
-            category = "attention"
-        elif opcode == "scatter" or (opcode == "fusion" and any(contains(c, ("scatter",)) for c in called)):
-            category = "scatter"
-        elif any("/optax/" in f for f, _ in frames):
-            category = "optimizer"
-        elif (opcode in ("dot", "convolution") or any(_gemm_target(t) for t in targets)
-              or (opcode == "fusion" and any(contains(c, ("dot", "convolution")) for c in called))):
-            category = "matmul"
-        elif "SelfAttention.__call__" in functions and "HeadsProjection.__call__" not in functions:
-            category = "attention"
-        elif opcode == "fusion":
-            category = "elementwise"
-        else:
-            category = "other"
-        out[name] = category
-    return out
-
-
-def _gemm_target(target: str) -> bool:
-    return bool(re.search(r"gemm|cublas|matmul", target, re.I)) and not _attention_target(target)
-
-
-def _attention_target(target: str) -> bool:
-    return bool(re.search(r"fmha|flash|attention|sdpa", target, re.I))
-
-
-def profile_steps(run_step, steps: int, categories: dict[str, str], module: str) -> dict:
-    """Kernel milliseconds per step by category, from a jax.profiler trace of `steps` steps."""
+def profile_steps(run_step, steps: int, hlo_text: str, module: str) -> dict:
+    """Kernel milliseconds per step by category, from a jax.profiler trace of `steps` steps; each
+    kernel attributed through the compiled HLO (`pmi_jax.hlo`: category, model operation, bytes)."""
     import jax
 
     with tempfile.TemporaryDirectory() as trace_dir:
@@ -241,21 +130,24 @@ def profile_steps(run_step, steps: int, categories: dict[str, str], module: str)
         (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
         with gzip.open(path) as f:
             events = json.load(f)["traceEvents"]
-    return kernel_times(events, categories, module, steps)
+    return kernel_times(events, hlo.categories(hlo_text), module, steps, hlo.program_kernels(hlo_text))
 
 
-def kernel_times(events: list, categories: dict[str, str], module: str, steps: int) -> dict:
+def kernel_times(events: list, categories: dict[str, str], module: str, steps: int, kernels=()) -> dict:
     """Sum the trace's kernel events of `module` per category (ms per step), with the top kernels.
 
     On a GPU the device's kernel events are used (processes named /device:...); on a CPU the
     host threads that run the XLA ops. An event is attributed by its `hlo_op` argument (or its
     name) through `categories`. On a GPU, a kernel whose op is not an instruction of the module
     (a command buffer: XLA runs most of a GPU step as CUDA graphs) is attributed by its kernel
-    name, through the HLO instruction of that name, else by the name.
+    name, through the HLO instruction of that name, else by the name. `kernels`
+    (pmi_jax.hlo.Kernel) adds each top kernel's model operation, launches per step and bytes.
     """
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and "/device:" in str(e.get("args", {}).get("name", ""))}
-    by_kernel = {_kernel_name(op): category for op, category in categories.items()}
+    by_kernel = {hlo.kernel_name(op): category for op, category in categories.items()}
+    groups = hlo.by_kernel(list(kernels))
+    known = groups | {k.name: groups[k.kernel] for k in kernels if k.kernel in groups}
     totals = dict.fromkeys(CATEGORIES, 0.0)
     per_op: dict[str, float] = {}
     for e in events:
@@ -270,7 +162,7 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
         category = categories.get(op)
         if devices and category in (None, "control"):
             # XLA:GPU runs most of a step as CUDA graphs: the trace then names the command buffer
-            # as every kernel's op, and the kernel by its fusion's name (see _kernel_name).
+            # as every kernel's op, and the kernel by its fusion's name (see pmi_jax.hlo.kernel_name).
             op = e.get("name", "")
             category = by_kernel.get(op) or _category_from_kernel_name(op)
         category = category or _category_from_kernel_name(e.get("name", ""))
@@ -278,21 +170,22 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
             continue
         ms = float(e.get("dur", 0.0)) / 1e3 / steps
         totals[category] += ms
-        per_op[f"{op} ({category})"] = per_op.get(f"{op} ({category})", 0.0) + ms
+        per_op[(op, category)] = per_op.get((op, category), 0.0) + ms
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
+
+    def row(op, category, ms):
+        group = known.get(op)  # a kernel XLA reuses for identical fusions runs once per launch
+        return {"op": f"{op} ({category})", "ms": round(ms, 3)} | (
+            {"model_op": group.op, "launches": group.launches, "bytes": group.bytes} if group else {})
+
     return {"ms_per_step": {k: round(v, 3) for k, v in totals.items()},
             "kernel_ms_per_step": round(sum(totals.values()), 3),
-            "top_ops": [{"op": k, "ms": round(v, 3)} for k, v in top]}
-
-
-def _kernel_name(hlo_name: str) -> str:
-    """The GPU kernel name XLA gives an HLO instruction: '.' and '-' become '_'."""
-    return re.sub(r"[.\-]", "_", hlo_name)
+            "top_ops": [row(op, category, ms) for (op, category), ms in top]}
 
 
 def _category_from_kernel_name(name: str) -> str:
     """A kernel not found in the compiled HLO: cuDNN/cuBLAS/CUTLASS by their names, XLA's fusions."""
-    if _attention_target(name):
+    if re.search(r"fmha|flash|attention|sdpa", name, re.I):
         return "attention"
     if re.search(r"gemm|cutlass|xmma|nvjet|cublas|matmul", name, re.I):
         return "matmul"
@@ -429,7 +322,20 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> dict:
+def _write_hlo(text: str, directory: str, name: str) -> str:
+    """The device's own optimized HLO, gzipped: the profile's kernel names are its instructions'."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{name}.hlo.txt.gz")
+    data = gzip.compress(text.encode(), mtime=0)
+    if len(data) > HLO_LIMIT:
+        return f"not written: {len(data) / 2**20:.1f} MiB compressed, over {HLO_LIMIT / 2**20:.0f} MiB"
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+    return os.path.relpath(path, os.path.dirname(directory))
+
+
+def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo_dir: str | None = None) -> dict:
     import jax
 
     from pmi_jax import flops, partitioning, train
@@ -478,8 +384,11 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str) -> 
             run_step()
             times.append(time.perf_counter() - t)
         if variant.profile:
+            text = compiled.as_text()
+            if hlo_dir:
+                record["hlo"] = _write_hlo(text, hlo_dir, variant.name)
             try:  # a profiler that does not start (no CUPTI, say) must not cost the timings
-                record["profile"] = profile_steps(run_step, 3, categorise(compiled.as_text()), "jit_train_step")
+                record["profile"] = profile_steps(run_step, 3, text, "jit_train_step")
             except Exception as e:  # noqa: BLE001
                 record["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     stats = devices[0].memory_stats() or {}
@@ -515,7 +424,8 @@ def _child(variant: Variant, args, timeout: float) -> dict:
     if args.platform:
         env["JAX_PLATFORMS"] = args.platform
     cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), os.path.abspath(__file__), "--one", json.dumps(dataclasses.asdict(variant)),
-           "--steps", str(args.steps), "--timed-s", str(args.timed_s), "--platform", args.platform or ""]
+           "--steps", str(args.steps), "--timed-s", str(args.timed_s), "--platform", args.platform or "",
+           "--hlo-dir", os.path.join(args.output, "hlo")]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -570,6 +480,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (at least 3 are run)")
     parser.add_argument("--timed-s", type=float, default=15.0, help="stop timing a variant after this long")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: run this variant, print JSON
+    parser.add_argument("--hlo-dir", default=None, help=argparse.SUPPRESS)  # a child: where its HLO goes
     args = parser.parse_args(argv)
     if args.one:
         variant = Variant(**json.loads(args.one))
@@ -578,7 +489,7 @@ def main(argv=None) -> None:
         elif variant.name == KERNELS.name:
             print(json.dumps(attention_kernels(args.platform or None)))
         else:
-            print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None)))
+            print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None, args.hlo_dir)))
         return
     if not args.output:
         parser.error("--output is required")
@@ -596,8 +507,9 @@ def main(argv=None) -> None:
     print(f"{'variant':<30} {'ms/step':>9} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>8} {'compile':>7}", flush=True)
     for variant in plan:
         left = deadline - time.perf_counter()
-        if left < 20:
-            record = {"variant": variant.name, "skipped": "budget spent"}
+        if left < variant.min_s:
+            record = {"variant": variant.name, "skipped": "budget spent" if left < 20 else
+                      f"needs at least {variant.min_s:.0f} s, {left:.0f} s left"}
         else:
             record = _child(variant, args, left)
         results.append(record)

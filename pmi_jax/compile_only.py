@@ -1,11 +1,13 @@
-"""Compile the training step for a TPU slice that is not here, and read the compiler's figures.
+"""Compile the training step for a TPU slice or a GPU that is not here, and read the compiler's figures.
 
 With libtpu installed, `jax.experimental.topologies` describes any TPU slice without one
 attached; the program the slice would run (same mesh, shardings and train step) is lowered from
 abstract inputs and compiled, nothing runs, and the compiler's memory, FLOPs and estimated step
 time are reported (the estimate is its cost model, not a measurement). Slices are named as
-Google names them (`v5p-8`) or as a topology (`v5p:2x2x2`). docs/tpu.md ("Compile-only")
-explains the output; details: docs/design.md, "Module notes", compile_only.py.
+Google names them (`v5p-8`) or as a topology (`v5p:2x2x2`); docs/tpu.md, "Compile-only".
+With JAX's CUDA plugin (no GPU or NVIDIA library needed) the same for one `h100` or `h200`,
+described by gpu_specs/; XLA:GPU has no cost analysis there, so FLOPs and bytes come from the
+optimized HLO's shapes (`pmi_jax.hlo`) with the kernels moving the most bytes (docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from pmi_jax.config import ExperimentConfig
 from pmi_jax.errors import UserInputError
 
 GiB = 1024 ** 3
+GPU_SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # --topology -> pmi_jax/gpu_specs/ file
+TOP_KERNELS = 15  # rows of the report's table of kernels by bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +43,7 @@ GENERATIONS = {
 
 def slice_topology(name: str) -> tuple[Generation, str]:
     """`v4-32` -> (v4, "v4:2x2x4"); `v5e:4x4` passes through. UserInputError for anything else."""
-    known = ", ".join(GENERATIONS)
+    known = ", ".join(GENERATIONS) + " (or a GPU: " + ", ".join(GPU_SPECS) + ")"
     match = re.fullmatch(r"(v\d+[a-z]?)([-:])(.+)", name.strip().lower())
     generation = GENERATIONS.get(match.group(1)) if match else None
     if generation is None:
@@ -91,6 +95,33 @@ def topology_devices(name: str):
     return generation, topology, description.devices
 
 
+def gpu_spec(name: str) -> str:
+    """The GpuTargetConfig text of a GPU named in GPU_SPECS."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs", GPU_SPECS[name])
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _spec_value(spec: str, field: str) -> float:
+    return float(re.search(rf"^\s*{field}: ([\d.]+)", spec, re.M).group(1))
+
+
+def gpu_devices(name: str):
+    """The compile-only device of one GPU of kind `name` (h100, h200). Needs the CUDA plugin only."""
+    # The plugin checks the NVIDIA libraries' versions when it starts; a compile uses none of them.
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    try:
+        from jax.experimental import topologies
+
+        description = topologies.get_topology_desc(platform="cuda", target_config=gpu_spec(name), topology="1x1x1")
+    except Exception as e:  # no CUDA plugin
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UserInputError(f"--topology {name}: cannot describe an {name.upper()} ({reason}); GPU compile-only "
+                             "needs JAX's CUDA plugin, not a GPU: pip install -c constraints.txt "
+                             "jax-cuda12-plugin jax-cuda12-pjrt") from e
+    return description.devices
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileReport:
     """The compiler's view of one training step on one slice; bytes and FLOPs per device."""
@@ -113,6 +144,14 @@ class CompileReport:
     # counts the body of a loop once, so a program with its layers in a scan (or gradient
     # accumulation) reports a fraction of its work.
     loop_note: str | None = None
+    # GPU programs: XLA:GPU has no cost analysis without a device, so the figures come from the
+    # optimized HLO's shapes (pmi_jax.hlo): bytes each kernel reads and writes once, its matmul
+    # FLOPs, and the kernels moving the most bytes.
+    bandwidth: float | None = None  # bytes/s of the chip's memory (gpu_specs/)
+    hlo_bytes: int | None = None
+    kernel_count: int = 0
+    roofline_seconds: float | None = None  # sum over kernels of max(FLOPs / peak, bytes / bandwidth)
+    top_kernels: tuple = ()  # pmi_jax.hlo.KernelGroup, the TOP_KERNELS moving the most bytes per step
 
     @property
     def fits(self) -> bool:
@@ -130,6 +169,8 @@ class CompileReport:
 
         if self.loop_note:
             estimate = f"not available ({self.loop_note})"
+        elif self.hlo_bytes is not None:
+            estimate = "not available (XLA:GPU estimates nothing without a device; the bounds below are ours)"
         elif self.estimated_seconds and self.estimated_mfu is not None:
             estimate = f"{self.estimated_seconds * 1000:.1f} ms per step, estimated MFU {100 * self.estimated_mfu:.1f}%"
         else:
@@ -137,6 +178,10 @@ class CompileReport:
         flops = (f"FLOPs per device per step: compiler {self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
                  + (f"(compiler / formula = {self.compiler_flops / self.formula_flops:.3f})" if not self.loop_note
                     else "(the compiler's count covers one pass of each loop body)"))
+        if self.hlo_bytes is not None:
+            flops = (f"FLOPs per device per step: from the HLO's shapes (matmuls, cuDNN attention) "
+                     f"{self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
+                     f"(HLO / formula = {self.compiler_flops / self.formula_flops:.3f})")
         return [
             f"topology {self.topology}: {self.num_devices} devices on {self.num_hosts} hosts, mesh {self.mesh}",
             f"HBM per device: state (params + optimiser) {gib(self.state_bytes)}, temporaries "
@@ -144,7 +189,23 @@ class CompileReport:
             f"total {gib(self.total_bytes)} of {gib(self.hbm_bytes)}: " + ("fits" if self.fits else "DOES NOT FIT"),
             flops,
             f"compiler's step-time estimate (not a measurement): {estimate}",
-        ]
+        ] + (self._gpu_lines() if self.hlo_bytes is not None else [])
+
+    def _gpu_lines(self) -> list[str]:
+        bound = self.hlo_bytes / self.bandwidth
+        mfu = (f", MFU at most {100 * self.formula_flops / self.roofline_seconds / self.peak_flops:.1f}%"
+               if self.roofline_seconds and self.peak_flops else "")
+        lines = [f"bytes per step from the HLO's shapes ({self.kernel_count} kernels, each operand and result "
+                 f"once): {self.hlo_bytes / GiB:.2f} GiB, {1e3 * bound:.1f} ms at {self.bandwidth / 1e12:.2f} TB/s",
+                 f"roofline bound (each kernel at the larger of FLOPs / peak and bytes / bandwidth; not a "
+                 f"measurement): {1e3 * self.roofline_seconds:.1f} ms per step{mfu}",
+                 f"the {len(self.top_kernels)} kernels moving the most bytes per step (a kernel XLA reuses for "
+                 "identical fusions runs once per launch; ms at the bandwidth bound):",
+                 f"  {'kernel':<40} {'launches':>8} {'MiB':>8} {'ms':>6}  {'kind':<11} model operation"]
+        for k in self.top_kernels:
+            lines.append(f"  {k.kernel:<40} {k.launches:>8} {k.bytes / 2**20:8.1f} {1e3 * k.bytes / self.bandwidth:6.3f}  "
+                         f"{k.category:<11} {k.op}")
+        return lines
 
 
 def _bytes_per_device(abstract, shardings) -> int:
@@ -165,7 +226,17 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
 
     from pmi_jax import flops, partitioning, train
 
-    generation, topology, devices = topology_devices(topology_name)
+    from pmi_jax import hlo
+
+    gpu = topology_name.strip().lower() in GPU_SPECS
+    if gpu:
+        name = topology_name.strip().lower()
+        spec, devices = gpu_spec(name), gpu_devices(name)
+        device_kind = devices[0].device_kind
+        topology, hbm_bytes = f"{name} ({device_kind})", int(_spec_value(spec, "device_memory_size"))
+    else:
+        generation, topology, devices = topology_devices(topology_name)
+        hbm_bytes, device_kind = generation.hbm_bytes, generation.device_kind
     mesh = partitioning.make_mesh(config.mesh, devices)
     train.validate(config, mesh)
     with partitioning.activate(mesh, config.mesh):
@@ -183,7 +254,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
                                  f"{first[:400]}") from e
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     estimate = float(cost.get("optimal_seconds", 0.0) or 0.0)
     state_bytes = _bytes_per_device(program.abstract, program.shardings)
     batch_bytes = sum(_bytes_per_device(b, b.sharding) for b in batch.values())
@@ -197,11 +268,20 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "
                  "compile with model.scan_layers=false and optimizer.grad_accum_steps=1 for the step's FLOPs and "
                  "time" if loops else None)
+    peak = config.train.peak_flops or flops.device_peak_flops(device_kind)
+    gpu_figures = {}
+    if gpu:
+        bandwidth = _spec_value(spec, "memory_bandwidth")
+        kernels = hlo.program_kernels(compiled.as_text())
+        gpu_figures = dict(
+            bandwidth=bandwidth, hlo_bytes=sum(k.bytes for k in kernels), kernel_count=len(kernels),
+            roofline_seconds=sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels) if peak else None,
+            top_kernels=tuple(hlo.by_kernel(kernels).values())[:TOP_KERNELS])
+        cost = {"flops": sum(k.flops for k in kernels)}
     report = CompileReport(
         topology=topology, num_devices=len(devices), num_hosts=len({d.process_index for d in devices}),
-        mesh=dict(mesh.shape), hbm_bytes=generation.hbm_bytes, state_bytes=state_bytes, batch_bytes=batch_bytes,
+        mesh=dict(mesh.shape), hbm_bytes=hbm_bytes, state_bytes=state_bytes, batch_bytes=batch_bytes,
         temp_bytes=memory.temp_size_in_bytes, code_bytes=memory.generated_code_size_in_bytes, total_bytes=total,
         compiler_flops=float(cost.get("flops", 0.0)), formula_flops=formula,
-        estimated_seconds=estimate if estimate > 0 else None,
-        peak_flops=config.train.peak_flops or flops.device_peak_flops(generation.device_kind), loop_note=loop_note)
+        estimated_seconds=estimate if estimate > 0 else None, peak_flops=peak, loop_note=loop_note, **gpu_figures)
     return report, compiled

@@ -1,9 +1,10 @@
-"""Compile-only training for TPU slices: slice names, and a real compile of `tiny` when libtpu is there.
+"""Compile-only training for TPU slices and GPUs: slice names, and real compiles of `tiny` when
+libtpu or JAX's CUDA plugin is there.
 
 libtpu is found installed, or in `.venv/libtpu` where `python3 dev.py test` puts it (a folder of
 its own, so that the CPU processes of the rest of the suite never load it: with libtpu importable
-every JAX process probes for a TPU first). The compiles run in subprocesses that have it on
-their path.
+every JAX process probes for a TPU first); the CUDA plugin likewise in `.venv/cuda12`. The
+compiles run in subprocesses that have them on their path.
 """
 import importlib.util
 import json
@@ -23,6 +24,20 @@ LIBTPU_DIR = os.path.join(ROOT, ".venv", "libtpu")
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None or os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu"))
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install -c constraints.txt "
                                   "-e '.[tpu]', or `python3 dev.py test`, which puts it in .venv/libtpu)")
+
+
+CUDA12_DIR = os.path.join(ROOT, ".venv", "cuda12")
+HAS_CUDA_PLUGIN = (importlib.util.find_spec("jax_cuda12_plugin") is not None
+                   or os.path.isdir(os.path.join(CUDA12_DIR, "jax_plugins")))
+needs_cuda_plugin = pytest.mark.skipif(not HAS_CUDA_PLUGIN, reason="JAX's CUDA plugin is not installed (pip install "
+                                       "-c constraints.txt jax-cuda12-plugin jax-cuda12-pjrt, or `python3 dev.py "
+                                       "test`, which puts it in .venv/cuda12)")
+
+
+def _cuda_env() -> dict:
+    # JAX_PLATFORMS=cpu: the plugin describes the GPU for the compiler without looking for one.
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, CUDA12_DIR if os.path.isdir(CUDA12_DIR) else None, os.environ.get("PYTHONPATH")) if p))
 
 
 def _libtpu_env() -> dict:
@@ -147,3 +162,58 @@ def test_a_tpu_program_gets_the_plain_kernels_by_default():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     programs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert programs["cpu"] == programs["never"] != programs["always"]
+
+
+_COMPILE_GPU = """
+import dataclasses, json, sys
+from pmi_jax import compile_only
+from pmi_jax.config import load_config
+from pmi_jax.config import apply_overrides
+config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]))
+report, _ = compile_only.compile_train_step(config, "h100")
+kernels = [dataclasses.asdict(k) for k in report.top_kernels]
+print(json.dumps(dataclasses.asdict(report) | {"fits": report.fits, "lines": report.lines(), "top_kernels": kernels}))
+"""
+
+
+@needs_cuda_plugin
+def test_tiny_compiles_for_an_h100_and_its_kernels_are_named():
+    """No GPU here: the program XLA:GPU builds for an H100 (cuDNN attention without attention
+    dropout), with FLOPs and bytes from its HLO. The matmul FLOPs by shape agree with the formula
+    (cuDNN's backward recomputes the scores: a few percent more at this length), the bytes are at
+    least the state read and written once, and the largest kernels are placed in the model."""
+    from pmi_jax import flops
+
+    overrides = TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"]
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_GPU, json.dumps(overrides)], env=_cuda_env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    config = _config("model.attention_dropout_rate=0", "model.dtype=bfloat16")
+    assert report["topology"] == "h100 (NVIDIA H100 80GB HBM3)" and report["num_devices"] == 1
+    assert report["hbm_bytes"] == 84978434048 and report["fits"] and report["bandwidth"] == 3.35232e12
+    assert report["formula_flops"] == pytest.approx(flops.training_flops_per_token(config.model, 64) * 16 * 64)
+    assert 1.0 <= report["compiler_flops"] / report["formula_flops"] < 1.05
+    assert report["hlo_bytes"] >= 2 * report["state_bytes"]  # parameters and AdamW's moments in and out
+    assert report["estimated_seconds"] is None and report["roofline_seconds"] > report["hlo_bytes"] / 3.35232e12 * 0.99
+    top = report["top_kernels"]
+    assert len(top) == compile_only.TOP_KERNELS and [k["bytes"] for k in top] == sorted(
+        (k["bytes"] for k in top), reverse=True)
+    assert any(k["op"].startswith(("forward encoder/layer_", "backward encoder/layer_")) for k in top), top
+    # tiny's two layers run their identical fusions as one kernel each: two launches, both layers.
+    assert any(k["launches"] == 2 and k["layers"] == [0, 1] and "layer_*" in k["op"] for k in top), top
+    text = "\n".join(report["lines"])
+    assert "kernels moving the most bytes" in text and "TB/s" in text
+
+
+def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():
+    if HAS_CUDA_PLUGIN and importlib.util.find_spec("jax_cuda12_plugin") is not None:
+        pytest.skip("the CUDA plugin is importable here: the command would compile")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+               JAX_PLATFORMS="cpu")
+    sets = [a for s in TINY for a in ("--set", s)]
+    proc = subprocess.run([*CLI, "train", "--config", "tiny", "--compile-only", "--topology", "h200", *sets],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "--topology h200" in last and "pip install -c constraints.txt jax-cuda12-plugin jax-cuda12-pjrt" in last

@@ -1,4 +1,5 @@
 """benchmarks/gpu_step.py's CPU dry run: the GPU benchmark's code, variant processes, profile and JSON."""
+import gzip
 import json
 import os
 import subprocess
@@ -40,6 +41,13 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     # The step's matmuls and AdamW's update are found in the trace through the compiled HLO.
     assert profile["matmul"] > 0 and profile["optimizer"] > 0 and profile["elementwise"] > 0
     assert paper["profile"]["top_ops"] and "kernels ms/step" in proc.stdout
+    # The profiled variant's own optimized HLO is kept, and its top kernels are placed in the model.
+    assert paper["hlo"] == "hlo/tiny-64-paper.hlo.txt.gz" and "hlo" not in fast
+    with gzip.open(tmp_path / "out" / paper["hlo"], "rt") as f:
+        assert f.read().startswith("HloModule jit_train_step")
+    placed = [op for op in paper["profile"]["top_ops"] if "model_op" in op]
+    assert placed and all(op["launches"] >= 1 and op["bytes"] > 0 for op in placed)
+    assert any("encoder/layer_" in op["model_op"] for op in placed), paper["profile"]["top_ops"]
 
 
 def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
@@ -60,30 +68,36 @@ def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import gpu_step
 
+    from pmi_jax import hlo
+
     def f(x, w):
         return jnp.tanh(x @ w) * 2.0 + 1.0
 
     x = jnp.ones((64, 32))
-    hlo = jax.jit(f).lower(x, jnp.ones((32, 16))).compile().as_text()
-    categories = gpu_step.categorise(hlo)
-    matmul = next(n for n, c in categories.items() if c == "matmul")
-    fusion = next((n for n, c in categories.items() if c == "elementwise"), None)
+    text = jax.jit(f).lower(x, jnp.ones((32, 16))).compile().as_text()
+    categories, kernels = hlo.categories(text), hlo.program_kernels(text)
+    matmul = next(k.name for k in kernels if k.category == "matmul")
+    fusion = next((k.name for k in kernels if k.category == "elementwise"), None)
     device = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}]
 
     def kernel(name, us, op="command_buffer_1"):
         return {"ph": "X", "pid": 7, "name": name, "dur": us, "args": {"hlo_op": op, "hlo_module": "jit_f"}}
 
-    events = device + [kernel(gpu_step._kernel_name(matmul), 3000.0),
+    events = device + [kernel(hlo.kernel_name(matmul), 3000.0),
                        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1000.0),
                        kernel("cudnn_generated_fort_native_sdpa_sm90", 500.0),
                        kernel("loop_add_fusion_99", 250.0),
                        kernel("some_memcpy", 100.0),
                        {"ph": "X", "pid": 8, "name": "host work", "dur": 9e6, "args": {}}]
     if fusion is not None:
-        events.append(kernel(gpu_step._kernel_name(fusion), 2000.0))
-    out = gpu_step.kernel_times(events, categories, "jit_f", steps=2)
+        events.append(kernel(hlo.kernel_name(fusion), 2000.0))
+    out = gpu_step.kernel_times(events, categories, "jit_f", steps=2, kernels=kernels)
     ms = out["ms_per_step"]
     assert ms["matmul"] == 2.0 and ms["attention"] == 0.25 and ms["other"] == 0.05
     assert ms["elementwise"] == 0.125 + (1.0 if fusion is not None else 0.0)
     assert out["kernel_ms_per_step"] == round(sum(ms.values()), 3)
-    assert out["top_ops"][0]["op"].startswith(gpu_step._kernel_name(matmul))
+    assert out["top_ops"][0]["op"].startswith(hlo.kernel_name(matmul))
+    # A kernel found in the HLO carries its bytes by shape (x, w and the [64, 16] f32 result, each
+    # once) and the operation it computes.
+    assert out["top_ops"][0]["bytes"] == 4 * (64 * 32 + 32 * 16 + 64 * 16)
+    assert out["top_ops"][0]["model_op"] == "dot_general"

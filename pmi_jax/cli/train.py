@@ -3,6 +3,7 @@
     pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi --set train.num_steps=300
     pmi-jax train --config tiny --data demo/corpus --scheme pmi --workdir runs/tiny-pmi-30 --set data.mask_rate=0.3
     pmi-jax train --compile-only --topology v5p-8 --config base --set model.vocab_size=30522
+    pmi-jax train --compile-only --topology h100 --config base --set model.vocab_size=30522 --set data.seq_len=512
 
 Run the same command on every host of a TPU pod slice; a run resumes from the latest checkpoint
 in --workdir. The masking rate (`data.mask_rate`, schedules) and validation: docs/design.md,
@@ -62,13 +63,15 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--num-processes", type=int, default=None, help="number of processes in the job")
     parser.add_argument("--process-id", type=int, default=None, help="index of this process, 0-based")
     parser.add_argument("--compile-only", action="store_true",
-                        help="compile the train step for --topology on this machine (no TPU needed, libtpu is) and "
+                        help="compile the train step for --topology on this machine (no TPU or GPU needed; libtpu or "
+                             "the CUDA plugin is) and "
                              "print the compiler's per-device HBM use against the chip's, whether it fits, its FLOPs "
                              "and step-time estimate; nothing runs and no data is read, so model.vocab_size and "
                              "data.seq_len must be set. Exits 1 when the program does not fit (docs/tpu.md)")
     parser.add_argument("--topology", default=None,
                         help="with --compile-only: the TPU slice as Google names it (v4-32, v5p-8, v5e-16, v6e-8; "
-                             "TensorCores for v4/v5p, chips for v5e/v6e) or a topology such as v5p:2x2x2")
+                             "TensorCores for v4/v5p, chips for v5e/v6e), a topology such as v5p:2x2x2, or one GPU: "
+                             "h100, h200 (needs JAX's CUDA plugin, no GPU; docs/gpu.md)")
     parser.set_defaults(func=run)
 
 

@@ -1,0 +1,101 @@
+"""pmi_jax.hlo on programs XLA:CPU compiles here: bytes and FLOPs from shapes, and the model
+operation of each kernel from a Flax model's name stack (forward and backward)."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pmi_jax import hlo
+
+
+def _kernels(fn, *args):
+    return hlo.program_kernels(jax.jit(fn).lower(*args).compile().as_text())
+
+
+def test_bytes_and_flops_of_a_matmul_and_its_epilogue():
+    x, w = jnp.ones((64, 32), jnp.float32), jnp.ones((32, 16), jnp.float32)
+    kernels = _kernels(lambda x, w: jnp.tanh(x @ w) * 2.0 + 1.0, x, w)
+    assert sum(k.flops for k in kernels) == 2 * 64 * 32 * 16
+    # Whatever XLA fuses, the program reads x and w and writes the [64, 16] result at least once.
+    assert sum(k.bytes for k in kernels) >= 4 * (64 * 32 + 32 * 16 + 64 * 16)
+    matmul = [k for k in kernels if k.category == "matmul"]
+    assert len(matmul) == 1 and matmul[0].flops == 2 * 64 * 32 * 16
+
+
+def test_an_elementwise_kernel_moves_its_operands_and_result_once():
+    x = jnp.ones((1000, 300), jnp.bfloat16)
+    (kernel,) = _kernels(lambda x: (x * 3 + 1).astype(jnp.float32), x)
+    assert kernel.bytes == 1000 * 300 * (2 + 4) and kernel.flops == 0 and kernel.shape == "f32[1000,300]"
+
+
+def test_a_lookup_counts_the_rows_it_reads_not_the_table():
+    table = jnp.ones((50_000, 128), jnp.float32)
+    ids = jnp.arange(64, dtype=jnp.int32)
+    kernels = _kernels(lambda t, i: jnp.take(t, i, axis=0) * 2.0, table, ids)
+    total = sum(k.bytes for k in kernels)
+    rows = 64 * 128 * 4
+    assert 2 * rows <= total < 4 * rows + 64 * 4 + 1024  # rows read, result written, ids: not 25.6 MB
+
+
+def test_batched_dot_flops_count_the_batch():
+    q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
+    kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
+    assert sum(k.flops for k in kernels) == 2 * 4 * 8 * 32 * 48 * 16
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(64, name="intermediate")(x)
+        return nn.LayerNorm(name="norm")(nn.gelu(h) + x.sum())
+
+
+def test_kernels_are_named_by_module_and_direction():
+    """The op_name of a Flax model's ops carries the module path; autodiff's transposes mark the
+    backward pass. Every kernel of a value_and_grad step is placed, and both directions of the
+    named modules are found."""
+    model = _Block()
+    x = jnp.ones((8, 16))
+    params = model.init(jax.random.key(0), x)
+
+    def loss(p, x):
+        return jnp.mean(model.apply(p, x) ** 2)
+
+    kernels = _kernels(jax.value_and_grad(loss), params, x)
+    ops = " | ".join(k.op for k in kernels)
+    assert "forward intermediate" in ops and "backward intermediate" in ops, ops
+    assert "norm" in ops, ops
+    assert all(k.op for k in kernels), [k for k in kernels if not k.op]
+
+
+@pytest.mark.parametrize("op_name, expected", [
+    ("jit(train_step)/jvp(BertForMaskedLM)/encoder/layer_3/layer_3/feed_forward/intermediate/dot_general",
+     ("forward", "encoder/layer_3/feed_forward/intermediate")),
+    ("jit(train_step)/transpose(jvp(BertForMaskedLM))/encoder/layer_11/layer_11/attention/Dropout_0/mul",
+     ("backward", "encoder/layer_11/attention/Dropout_0")),
+    ("jit(train_step)/add", ("", "")),
+])
+def test_op_names_become_direction_and_module_path(op_name, expected):
+    assert hlo.model_op(op_name) == expected
+
+
+def test_shapes_to_bytes():
+    assert hlo.array_bytes("(bf16[32,512]{1,0}, f32[32]{0}, pred[2,3]{1,0}, u8[0]{0})") == 32 * 512 * 2 + 128 + 6
+    assert hlo.array_bytes("s32[]") == 4
+
+
+def test_identical_fusions_are_one_kernel_named_after_the_first():
+    """XLA compiles a fusion repeated on the same shapes (one per layer) once: a profile reports
+    the kernel under the first launch's name, with the time of all launches."""
+    def f(x, w):
+        a = jnp.sin(x @ w) * 3.0
+        return jnp.sin(a @ w) * 3.0 + jnp.cos(x)
+
+    x = jnp.ones((64, 64))
+    kernels = _kernels(f, x, x)
+    groups = hlo.by_kernel(kernels)
+    matmuls = [g for g in groups.values() if g.category == "matmul"]
+    assert len(matmuls) == 1 and matmuls[0].launches == 2 and matmuls[0].flops == 2 * 2 * 64 ** 3
+    assert matmuls[0].kernel == hlo.kernel_name(next(k.name for k in kernels if k.category == "matmul"))
+    assert sum(g.launches for g in groups.values()) == len(kernels)
+    assert sum(g.bytes for g in groups.values()) == sum(k.bytes for k in kernels)
