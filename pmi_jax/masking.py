@@ -7,7 +7,8 @@ example and the epoch. Three steps: `scheme_units` (a unit index per token), `se
 (units in random order, each taken if it still fits the budget) and BERT's 80/10/10
 corruption; steps 2 and 3 run as one XLA computation (`_mask_units`). informask instead draws
 tokens with probabilities proportional to their rates (`_mask_weighted`; docs/design.md,
-"InforMask"). Why: docs/design.md, "Module notes", masking.py.
+"InforMask"); random_span runs SpanBERT's span loop (`_mask_spans`; docs/design.md,
+"random_span"). Why: docs/design.md, "Module notes", masking.py.
 """
 from __future__ import annotations
 
@@ -332,6 +333,8 @@ def scheme_units(scheme: str, features: Mapping[str, tf.Tensor], key_Bx2: tf.Ten
         return word_ids
     if scheme in PREPARED_UNIT_FEATURES:
         return tf.cast(features[PREPARED_UNIT_FEATURES[scheme]], tf.int32)
+    if scheme == "random_span":
+        raise ValueError("random_span's units come out of its selection (span_unit_ids, mask_batch)")
     # Internal guard: callers validate names with config.check_scheme, the one user-facing check.
     raise ValueError(f"scheme {scheme!r} is not in config.SCHEMES")
 

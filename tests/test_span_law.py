@@ -301,6 +301,19 @@ def test_budget_is_the_rate_rounded_up():
         assert [masking.scheme_budget("random_span", int(k), units) for k in n[::97]] == expected[::97]
 
 
+def test_the_mlm_head_gathers_every_span_budget():
+    """The ceil budget can pass BERT's rounded share (83 tokens at 15%: 13 against 12):
+    config.max_predictions covers it at every length and rate."""
+    from pmi_jax.config import max_predictions
+
+    assert (max_predictions(128), max_predictions(512), max_predictions(83)) == (20, 80, 16)
+    for rate in (0.15, 0.3, 0.01, 0.4, 1.0):
+        units = round(rate * 10_000)
+        lengths = np.arange(3, 2048)
+        budgets = masking.span_budget(tf.constant(lengths - 2), units).numpy()
+        assert all(b <= max_predictions(int(n), rate) for n, b in zip(lengths, budgets))
+
+
 def test_random_replacements_follow_the_unigram_counts():
     counts = np.array([0, 0, 0, 0, 0, 5000, 1, 0, 300, 20, 2000, 7, 0, 90] + [3] * 30, np.int64)
     keys = randomness.hash_keys(tf.range(500, dtype=tf.int64))
