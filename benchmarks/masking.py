@@ -36,6 +36,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 from pmi_jax import masking, randomness, tasks  # noqa: E402
+from pmi_jax.config import TOKEN_RATE_SCHEMES  # noqa: E402
 
 
 def _single_threaded(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -122,8 +123,11 @@ def main() -> None:
     print(f"{'scheme':<14}{'mask':>10}{'task':>10}   sequences/s/core")
     results, mask_streams = {}, {}  # the `pmi` stream is timed again below
     for scheme in corpus.schemes:
+        counts = tf.constant(corpus.token_counts(), tf.int64) if scheme in tasks.UNIGRAM_SCHEMES else None
+        rates = tf.constant(corpus.token_rates, tf.float64) if scheme in TOKEN_RATE_SCHEMES else None
         masked = _single_threaded(parsed.repeat().map(lambda batch: masking.mask_batch(
-            batch, scheme, batch["key"], mask_id=corpus.special_ids["mask"], regular_ids_V=regular_ids_tf)))
+            batch, scheme, batch["key"], mask_id=corpus.special_ids["mask"], regular_ids_V=regular_ids_tf,
+            token_counts_V=counts, token_rates_V=rates)))
         task = tasks.make_task(f"bench_{scheme}", corpus, scheme)
         examples = _single_threaded(task.get_dataset(None, args.split, seed=0, num_epochs=None).batch(128))
         mask_streams[scheme] = _batch_sizes(masked)

@@ -33,7 +33,9 @@ it (per-token NLLs included, so `compare` gives the same seed-aware intervals as
 then deletes the checkpoints' parameters (`checkpoints.drop_states`: their metadata stays, which
 `compare` reads) and packs the run directories RUNS/<scheme>-seed<N> of each scheme into
 OUTPUT/<scheme>.tar.gz, repacked after each seed, so that a command stopped by its time limit
-keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings.
+keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings; with
+`--cross-score`, also each checkpoint's MLM loss on every dumped scheme's validation batches
+(issue 32: is a scheme best on its own masks?).
 """
 from __future__ import annotations
 
@@ -257,6 +259,30 @@ def score_checkpoint(step_dir: str, held_out: dict, info: dict, args) -> list[di
     return reports
 
 
+def cross_scores(step_dir: str, config, validation_sets: dict) -> dict:
+    """{scheme: {"loss", "accuracy", "tokens"}}: one checkpoint's MLM loss (no dropout) on every
+    scheme's dumped validation batches, the trainer's own validation step (`make_validation_step`).
+
+    Issue 32: a scheme's runs scored on every scheme's masks show whether a scheme is best on its
+    own masks (random_span on its spans) while last on single tokens.
+    """
+    import jax
+
+    from pmi_jax import checkpoints
+    from pmi_jax.model import BertForMaskedLM, for_platform
+    from pmi_jax.train import make_validation_step
+
+    model_config, params, _ = checkpoints.restore_for_eval(step_dir)
+    model = BertForMaskedLM(for_platform(model_config, jax.devices()[0].platform))
+    step = jax.jit(make_validation_step(model, config))
+    scores = {}
+    for scheme, arrays in validation_sets.items():
+        sums = [step(params, {k: v[i] for k, v in arrays.items()}) for i in range(arrays["inputs"].shape[0])]
+        loss, correct, tokens = (float(np.sum(np.asarray(jax.device_get(x), np.float64))) for x in zip(*sums))
+        scores[scheme] = {"loss": loss / max(tokens, 1.0), "accuracy": correct / max(tokens, 1.0), "tokens": tokens}
+    return scores
+
+
 def _pack(workdirs: list[str], path: str) -> int:
     tmp = path + ".tmp"
     with tarfile.open(tmp, "w:gz") as tar:
@@ -296,6 +322,10 @@ def run(args) -> None:
     summary = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(), "jax": jax.__version__,
                "config": args.config, "steps": steps, "batch": info["batch"], "data_seed": info["seed"],
                "units": args.unit, "positions": args.positions, "overrides": args.set, "runs": {}}
+    if args.cross_score and not info["eval_batches"]:
+        raise UserInputError(f"--cross-score: {args.batches} holds no validation batches (dump --eval-batches)")
+    cross_sets = {s: decode(npz, s + VALIDATION, info["eval_batches"], info["batch"], info["seq_len"],
+                            info["special_ids"]) for s in info["schemes"]} if args.cross_score else {}
     for scheme in args.schemes or info["schemes"]:
         arrays = decode(npz, scheme, info["steps"], info["batch"], info["seq_len"], info["special_ids"])
         validation_arrays = (decode(npz, scheme + VALIDATION, info["eval_batches"], info["batch"], info["seq_len"],
@@ -313,8 +343,11 @@ def run(args) -> None:
             started = time.time()
             train.train(config, workdir, ArrayBatches(arrays, validation_arrays), corpus)
             trained = time.time() - started
-            perplexities = {unit: {} for unit in args.unit}
+            perplexities, cross = {unit: {} for unit in args.unit}, {}
             for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
+                if cross_sets:
+                    cross[step] = cross_scores(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), config,
+                                               cross_sets)
                 for r in score_checkpoint(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), held_out,
                                           info, args):
                     perplexities[r["unit"]][step] = r["perplexity"]
@@ -328,7 +361,7 @@ def run(args) -> None:
                       "(fewer --positions or --unit kinds make it smaller)", flush=True)
             summary["runs"].setdefault(scheme, {})[str(seed)] = {
                 "train_s": round(trained, 1), "score_s": round(time.time() - started - trained, 1),
-                "perplexity": perplexities}
+                "perplexity": perplexities, **({"cross_scores": cross} if cross_sets else {})}
             summary["runs"][scheme]["packed_bytes"] = size
             with storage.atomic_file(os.path.join(args.output, "summary.json")) as f:
                 f.write(json.dumps(summary, indent=2) + "\n")
@@ -373,6 +406,9 @@ def main(argv=None) -> None:
     p.add_argument("--score-seed", type=int, default=0, help="the seed that draws the scored units")
     p.add_argument("--score-batch", type=int, default=64, help="masked copies per scoring forward pass")
     p.add_argument("--spacing", type=int, default=0, help="as for pmi-jax eval perplexity --spacing")
+    p.add_argument("--cross-score", action="store_true",
+                   help="also score every checkpoint's MLM loss on every dumped scheme's validation batches "
+                        "(summary.json: runs.<scheme>.<seed>.cross_scores.<step>.<scheme scored>)")
     p.add_argument("--set", action="append", default=[], help="config override, as for pmi-jax train")
     p.set_defaults(func=run)
     args = parser.parse_args(argv)

@@ -158,9 +158,13 @@ def max_predictions(seq_len: int, mask_rate: float = MASK_RATE) -> int:
     (at 15%: 20 for 128, 80 for 512; at 30%: 40 for 128, 156 for 512).
 
     The masking budget is floor(rate x the non-special tokens) (`pmi_jax.masking`), so it
-    never exceeds this; the trainer checks every batch and stops with an error if it did.
+    never exceeds this; random_span's is SpanBERT's ceil, at most ceil(rate x (seq_len - 2)),
+    which can pass BERT's rounded share (13 against 12 for 83 tokens at 15%), so the larger of
+    the two is rounded up. The trainer checks every batch and stops with an error if a budget
+    exceeded it.
     """
-    return -(-max(1, round(mask_rate * seq_len)) // 4) * 4
+    spans = -(-mask_rate_units(mask_rate) * max(seq_len - 2, 0) // MASK_RATE_UNIT)
+    return -(-max(1, round(mask_rate * seq_len), spans) // 4) * 4
 
 
 def mask_rate_units(rate: float, name: str = "data.mask_rate") -> int:

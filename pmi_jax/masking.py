@@ -7,7 +7,8 @@ example and the epoch. Three steps: `scheme_units` (a unit index per token), `se
 (units in random order, each taken if it still fits the budget) and BERT's 80/10/10
 corruption; steps 2 and 3 run as one XLA computation (`_mask_units`). informask instead draws
 tokens with probabilities proportional to their rates (`_mask_weighted`; docs/design.md,
-"InforMask"). Why: docs/design.md, "Module notes", masking.py.
+"InforMask"); random_span runs SpanBERT's span loop (`_mask_spans`; docs/design.md,
+"random_span"). Why: docs/design.md, "Module notes", masking.py.
 """
 from __future__ import annotations
 
@@ -113,14 +114,53 @@ def _segment(values_BxL: tf.Tensor, ids_BxL: tf.Tensor, op) -> tf.Tensor:
     return tf.reshape(out, [batch, length + 1])[:, :length]
 
 
+@dataclasses.dataclass(frozen=True)
+class NeighbourVisibility:
+    """Of a set of masks: how many selected tokens have both neighbours unselected."""
+
+    isolated: int  # selected tokens whose two neighbours are both unselected (shown as they are)
+    selected: int  # selected tokens
+    share: float  # isolated / selected
+    half_width: float  # of its 95% interval: 1.96 standard errors, the sequences as clusters
+
+
+def neighbour_visibility(weights_NxL) -> NeighbourVisibility:
+    """The share of selected tokens whose left and right neighbours are both unselected, so the
+    model sees both in their original form (weights 0; [CLS], [SEP] and padding count as
+    unselected, as they are never masked).
+
+    Why: a token predicted from its two neighbours is easy when they are visible (a word's
+    continuation piece, a collocation's middle) and hard when they are masked with it; the
+    share measures how much of a scheme's loss is the easy kind. The interval is the ratio
+    estimator's over sequences (the delta method with each sequence a cluster), since the
+    tokens of one sequence are not independent.
+    """
+    import numpy as np
+
+    selected_NxL = np.asarray(weights_NxL) > 0
+    padded = np.pad(selected_NxL, ((0, 0), (1, 1)))
+    isolated_NxL = selected_NxL & ~padded[:, :-2] & ~padded[:, 2:]
+    a_N, m_N = isolated_NxL.sum(axis=1).astype(np.float64), selected_NxL.sum(axis=1).astype(np.float64)
+    isolated, selected = int(a_N.sum()), int(m_N.sum())
+    share = isolated / selected if selected else float("nan")
+    n = len(m_N)
+    half = float("nan")
+    if selected and n > 1:
+        se = math.sqrt(n / (n - 1) * float(((a_N - share * m_N) ** 2).sum())) / selected
+        half = 1.96 * se
+    return NeighbourVisibility(isolated, selected, share, half)
+
+
 def token_units(word_ids_BxL: tf.Tensor) -> tf.Tensor:
     """random_token: every non-special token is a unit of its own, numbered 0, 1, 2, ..."""
     is_token = word_ids_BxL >= 0
     return tf.where(is_token, tf.cumsum(tf.cast(is_token, tf.int32), axis=-1) - 1, -1)
 
 
-def span_lengths(key_Bx2: tf.Tensor, length: int, p: float = SPAN_P, max_words: int = SPAN_MAX_WORDS) -> tf.Tensor:
-    """int32 [B, length]: span lengths in words ~ Geometric(p) truncated to [1, max_words].
+def span_lengths(key_Bx2: tf.Tensor, length: int, p: float = SPAN_P, max_words: int = SPAN_MAX_WORDS,
+                 offset: tf.Tensor | int = 0) -> tf.Tensor:
+    """int32 [B, length]: span lengths in words ~ Geometric(p) truncated to [1, max_words]
+    (the `SPAN_LENGTHS` stream at positions offset, offset + 1, ...).
 
     SpanBERT's law (Joshi et al. 2020, §3.1, and its code): P(k) ∝ p (1 - p)^(k - 1) for
     k = 1..max_words, renormalised, so the mean is 3.80 words for p = 0.2 and P(10) = 3.0%.
@@ -133,64 +173,168 @@ def span_lengths(key_Bx2: tf.Tensor, length: int, p: float = SPAN_P, max_words: 
     against float32 rounding at the top edge.
     """
     q = 1.0 - p
-    v = 1.0 - random_uniform(key_Bx2, Stream.SPAN_LENGTHS, length) * (1.0 - q ** max_words)
+    v = 1.0 - random_uniform(key_Bx2, Stream.SPAN_LENGTHS, length, offset) * (1.0 - q ** max_words)
     lengths = tf.floor(tf.math.log(v) / tf.math.log(q)) + 1.0
     return tf.cast(tf.clip_by_value(lengths, 1.0, float(max_words)), tf.int32)
 
 
-def span_units(word_ids_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
-    """random_span: cut each document into SpanBERT spans; a span is one masking unit.
+def span_budget(num_tokens: tf.Tensor, rate_units: tf.Tensor | int = 1500) -> tf.Tensor:
+    """random_span's budget: ceil(rate x `num_tokens`) (SpanBERT's masking.py:
+    `math.ceil(sent_length * mask_ratio)`), in integer arithmetic like `masking_budget`."""
+    num_tokens = tf.cast(num_tokens, tf.int32)
+    return (tf.cast(rate_units, tf.int32) * num_tokens + MASK_RATE_UNIT - 1) // MASK_RATE_UNIT
 
-    Precisely: inside each document of the sequence (documents are separated by special
-    tokens), spans are laid end to end from the document's first word, with lengths in
-    words drawn independently from Geometric(0.2) truncated to [1, 10] (`span_lengths`); the
-    document's end cuts its last span. `select_units` then draws spans uniformly at random without replacement
-    into the token budget, exactly as for every other scheme. So spans are whole words,
-    never overlap, never cross a document boundary, start at random words, and have the
-    truncated geometric length law (only a document's last span is shortened).
 
-    This is SpanBERT's sampling (a length, then a random start, overlaps rejected) made
-    vectorisable: candidate spans are disjoint by construction instead of being rejected
-    in a sequential loop. Rejection would also skew the accepted lengths towards short
-    spans, since long ones overlap more often; this construction does not.
+def scheme_budget(scheme: str, num_tokens: tf.Tensor | int, rate_units: tf.Tensor | int = 1500) -> tf.Tensor | int:
+    """The tokens `scheme` selects of `num_tokens` non-special ones: ceil for random_span
+    (SpanBERT's, `span_budget`), floor for every other scheme (`masking_budget`)."""
+    if scheme == "random_span":
+        return int(span_budget(num_tokens, rate_units)) if isinstance(num_tokens, int) else span_budget(num_tokens, rate_units)
+    return masking_budget(num_tokens, rate_units)
 
-    Vectorised form: with lengths drawn for every word position j and their exclusive
-    cumulative sum C, the k-th span of the document starting at word a starts at word
-    a + C[a + k] - C[a]; taking j = a + k gives every span start of every document at once.
+
+def _last_word_of_document(word_ids_BxL: tf.Tensor) -> tf.Tensor:
+    """int32 [B, L]: on each content token, the word id of its document's last word (documents
+    are the runs of content tokens between special tokens); -1 elsewhere."""
+    length = word_ids_BxL.shape[1]
+    content = word_ids_BxL >= 0
+    follows_special = tf.concat([tf.ones_like(content[:, :1]), ~content[:, :-1]], axis=-1)
+    doc_BxL = tf.cumsum(tf.cast(content & follows_special, tf.int32), axis=-1) - 1
+    last_D = _segment(word_ids_BxL, tf.where(content, doc_BxL, length), tf.math.unsorted_segment_max)
+    return tf.where(content, tf.gather(last_D, tf.maximum(doc_BxL, 0), batch_dims=1), -1)
+
+
+def span_selection(word_ids_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
+    """bool [B, L]: the tokens random_span selects, SpanBERT's sampling loop draw by draw.
+
+    SpanBERT's `PairWithSpanMaskingScheme.mask` (pretraining/fairseq/data/masking.py), on each
+    document of the sequence in place of its one-document block: until `budget_B` tokens are
+    selected, draw t takes a span length k ~ `span_lengths` (the `SPAN_LENGTHS` stream at t) and
+    an anchor uniform over the row's content tokens (`SPAN_ANCHORS` at t); an anchor already
+    selected is rejected (the draw is spent); else the span is the anchor's word and the words
+    after it, k words in all, cut at the document's end, and its tokens not yet selected are
+    added in order until the budget is full (so the last span is cut, even inside a word). A
+    span may run into earlier ones: their tokens count among its k words but not against the
+    budget. Word = word id (WordPiece's "##" continuation in SpanBERT's code: the same words).
+
+    One draw per row and loop step, on [B] vectors; the loop ends when every row is full.
     """
     length = word_ids_BxL.shape[1]
-    is_word = word_ids_BxL >= 0
-    word_slot = tf.where(is_word, word_ids_BxL, length)  # specials and padding -> spare slot
-    follows_special = tf.concat([tf.ones_like(is_word[:, :1]), ~is_word[:, :-1]], axis=-1)
-    opens_doc_W = _segment(tf.cast(is_word & follows_special, tf.int32), word_slot, tf.math.unsorted_segment_max) > 0
-    num_words_B1 = tf.reduce_max(word_ids_BxL, axis=-1, keepdims=True) + 1
-    word_W = tf.broadcast_to(tf.range(length)[None, :], tf.shape(word_ids_BxL))
-    is_real_W = word_W < num_words_B1
+    content = word_ids_BxL >= 0
+    num_B = tf.reduce_sum(tf.cast(content, tf.int32), axis=-1)
+    rank_BxL = tf.cumsum(tf.cast(content, tf.int32), axis=-1) - 1
+    position_BxL = tf.broadcast_to(tf.range(length)[None, :], tf.shape(word_ids_BxL))
+    position_of_rank_BxL = _segment(position_BxL, tf.where(content, rank_BxL, length), tf.math.unsorted_segment_max)
+    last_word_BxL = _last_word_of_document(word_ids_BxL)
 
-    doc_W = tf.where(is_real_W, tf.cumsum(tf.cast(opens_doc_W, tf.int32), axis=-1) - 1, length)
-    doc_index_W = tf.minimum(doc_W, length - 1)  # in range for gather; padding words are masked below
-    first_W = tf.gather(_segment(word_W, doc_W, tf.math.unsorted_segment_min), doc_index_W, batch_dims=1)
-    end_W = tf.gather(_segment(word_W + 1, doc_W, tf.math.unsorted_segment_max), doc_index_W, batch_dims=1)
+    def at(values_BxL, index_B):
+        return tf.gather(values_BxL, index_B[:, None], batch_dims=1)[:, 0]
 
-    offset_W = tf.cumsum(span_lengths(key_Bx2, length), axis=-1, exclusive=True)
-    start_W = first_W + offset_W - tf.gather(offset_W, tf.minimum(first_W, length - 1), batch_dims=1)
-    start_slot_W = tf.where(is_real_W & (start_W < end_W), start_W, length)
-    opens_span_W = _segment(tf.ones_like(start_W), start_slot_W, tf.math.unsorted_segment_max) > 0
-    span_W = tf.cumsum(tf.cast(opens_span_W, tf.int32), axis=-1) - 1
-    return tf.where(is_word, tf.gather(span_W, tf.maximum(word_ids_BxL, 0), batch_dims=1), -1)
+    def draw(t, selected_BxL, left_B):
+        words_B = span_lengths(key_Bx2, 1, offset=t)[:, 0]
+        rank_B = random_below(key_Bx2, Stream.SPAN_ANCHORS, 1, tf.maximum(num_B, 1), offset=t)[:, 0]
+        anchor_B = at(position_of_rank_BxL, rank_B)
+        first_B = at(word_ids_BxL, anchor_B)
+        last_B = tf.minimum(first_B + words_B - 1, at(last_word_BxL, anchor_B))
+        live_B = (left_B > 0) & ~at(selected_BxL, anchor_B)
+        new_BxL = (live_B[:, None] & ~selected_BxL & (word_ids_BxL >= first_B[:, None])
+                   & (word_ids_BxL <= last_B[:, None]))
+        take_BxL = new_BxL & (tf.cumsum(tf.cast(new_BxL, tf.int32), axis=-1) <= left_B[:, None])
+        return t + 1, selected_BxL | take_BxL, left_B - tf.reduce_sum(tf.cast(take_BxL, tf.int32), axis=-1)
+
+    left_B = tf.minimum(tf.cast(budget_B, tf.int32), num_B)
+    _, selected_BxL, _ = tf.while_loop(lambda t, selected, left_B: tf.reduce_any(left_B > 0), draw,
+                                       (tf.constant(0), tf.zeros_like(content), left_B))
+    return selected_BxL
+
+
+def merged_spans(selected_BxL: tf.Tensor) -> tf.Tensor:
+    """int32 [B, L]: the index of each selected token's merged span (a maximal run of selected
+    tokens: SpanBERT's `merge_intervals` joins overlapping and adjacent spans), -1 elsewhere."""
+    starts_BxL = selected_BxL & ~tf.concat([tf.zeros_like(selected_BxL[:, :1]), selected_BxL[:, :-1]], axis=-1)
+    return tf.where(selected_BxL, tf.cumsum(tf.cast(starts_BxL, tf.int32), axis=-1) - 1, -1)
+
+
+def span_codes(selected_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
+    """int32 [B, L]: each token's code: one fate per merged span (SpanBERT's
+    `--replacement-method span`: span s draws the `UNIT_FATE` stream at s; < 0.8 all [MASK],
+    < 0.9 all random, else unchanged), `_UNSELECTED` off the spans."""
+    span_BxL = merged_spans(selected_BxL)
+    fate_BxL = tf.gather(random_uniform(key_Bx2, Stream.UNIT_FATE, selected_BxL.shape[1]), tf.maximum(span_BxL, 0),
+                         batch_dims=1)
+    code_BxL = tf.where(fate_BxL < MASK_SHARE, _MASKED, tf.where(fate_BxL < MASK_SHARE + RANDOM_SHARE, _RANDOMISED, _KEPT))
+    return tf.where(selected_BxL, code_BxL, _UNSELECTED)
+
+
+def span_unit_ids(word_ids_BxL: tf.Tensor, selected_BxL: tf.Tensor) -> tf.Tensor:
+    """int32 [B, L]: random_span's units for `data dump|show`: each merged span is one unit, every
+    unselected content token one of its own, numbered 0, 1, ... in order; -1 on special tokens."""
+    content = word_ids_BxL >= 0
+    previous = tf.concat([tf.zeros_like(selected_BxL[:, :1]), selected_BxL[:, :-1]], axis=-1)
+    opens_BxL = content & (~selected_BxL | ~previous)
+    return tf.where(content, tf.cumsum(tf.cast(opens_BxL, tf.int32), axis=-1) - 1, -1)
+
+
+def unigram_draws(key_Bx2: tf.Tensor, length: int, cumulative_V: tf.Tensor) -> tf.Tensor:
+    """int32 [B, length]: ids drawn from the corpus's unigram law, P(v) = count_v / total
+    (`cumulative_V`: int64 inclusive cumulative counts), as SpanBERT's `np.random.choice(tokens)`
+    over the corpus's tokens. Two 32-bit draws of `REPLACEMENT_IDS` per position (2i, 2i + 1)
+    make a 53-bit uniform r in [0, total); the id is the first v with cumulative_v > r, found by
+    binary search (a fixed number of gathers, which XLA compiles)."""
+    bits_BxLx2 = tf.reshape(random_bits(key_Bx2, Stream.REPLACEMENT_IDS, 2 * length), [-1, length, 2])
+    high, low = tf.cast(bits_BxLx2[..., 0], tf.float64), tf.cast(tf.bitwise.right_shift(bits_BxLx2[..., 1], 11), tf.float64)
+    total = cumulative_V[-1]
+    r_BxL = tf.cast(tf.floor((high * 2.0 ** 21 + low) * 2.0 ** -53 * tf.cast(total, tf.float64)), tf.int64)
+    r_BxL = tf.minimum(r_BxL, total - 1)
+    vocab = int(cumulative_V.shape[0])
+    lo_BxL, hi_BxL = tf.zeros_like(r_BxL), tf.fill(tf.shape(r_BxL), tf.constant(vocab - 1, tf.int64))
+    for _ in range(max(1, (vocab - 1).bit_length())):
+        mid_BxL = (lo_BxL + hi_BxL) // 2
+        below = tf.gather(cumulative_V, mid_BxL) <= r_BxL
+        lo_BxL, hi_BxL = tf.where(below, mid_BxL + 1, lo_BxL), tf.where(below, hi_BxL, mid_BxL)
+    return tf.cast(lo_BxL, tf.int32)
+
+
+def _mask_spans(
+    input_ids_BxL: tf.Tensor,
+    word_ids_BxL: tf.Tensor,
+    key_Bx2: tf.Tensor,
+    cumulative_V: tf.Tensor,
+    mask_id: tf.Tensor,
+    rate_units_B: tf.Tensor,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """random_span's (corrupted ids, weights, units) [B, L]: `span_selection` of
+    `span_budget` tokens, `span_codes`, random ids from `unigram_draws`."""
+    budget_B = span_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1), rate_units_B)
+    selected_BxL = span_selection(word_ids_BxL, budget_B, key_Bx2)
+    code_BxL = span_codes(selected_BxL, key_Bx2)
+    replacements_BxL = unigram_draws(key_Bx2, input_ids_BxL.shape[1], cumulative_V)
+    corrupted_BxL, weights_BxL = _corrupt(input_ids_BxL, code_BxL, replacements_BxL, mask_id)
+    return corrupted_BxL, weights_BxL, span_unit_ids(word_ids_BxL, selected_BxL)
+
+
+@functools.cache
+def _compiled_mask_spans(length: int, vocab: int):
+    """`_mask_spans` for [B, length] batches, compiled by XLA like `_compiled_mask_units`."""
+    ids = tf.TensorSpec([None, length], tf.int32)
+    return tf.function(_mask_spans, jit_compile=True, input_signature=[
+        ids, ids, tf.TensorSpec([None, 2], tf.uint32), tf.TensorSpec([vocab], tf.int64),
+        tf.TensorSpec([], tf.int32), tf.TensorSpec([None], tf.int32),
+    ])
 
 
 def scheme_units(scheme: str, features: Mapping[str, tf.Tensor], key_Bx2: tf.Tensor) -> tf.Tensor:
-    """int32 [B, L]: the unit index per token that `scheme` masks by (-1 on special tokens)."""
+    """int32 [B, L]: the unit index per token that `scheme` masks by (-1 on special tokens).
+    random_span has none before its selection (`span_unit_ids`)."""
     word_ids = tf.cast(features["word_ids"], tf.int32)
     if scheme == "random_token" or scheme in TOKEN_RATE_SCHEMES:
         return token_units(word_ids)
     if scheme == "whole_word":
         return word_ids
-    if scheme == "random_span":
-        return span_units(word_ids, key_Bx2)
     if scheme in PREPARED_UNIT_FEATURES:
         return tf.cast(features[PREPARED_UNIT_FEATURES[scheme]], tf.int32)
+    if scheme == "random_span":
+        raise ValueError("random_span's units come out of its selection (span_unit_ids, mask_batch)")
     # Internal guard: callers validate names with config.check_scheme, the one user-facing check.
     raise ValueError(f"scheme {scheme!r} is not in config.SCHEMES")
 
@@ -333,14 +477,19 @@ def _mask_units(
     """
     budget_B = masking_budget(tf.reduce_sum(tf.cast(word_ids_BxL >= 0, tf.int32), axis=-1), rate_units_B)
     code_BxL = _token_codes(unit_ids_BxL, budget_B, key_Bx2, window)
-    return _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id)
+    return _corrupt(input_ids_BxL, code_BxL, uniform_draws(key_Bx2, input_ids_BxL.shape[1], regular_ids_V), mask_id)
 
 
-def _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id) -> tuple[tf.Tensor, tf.Tensor]:
-    """(corrupted ids, weights) from each token's code; a randomised token draws its own id
-    from `regular_ids_V` (the `REPLACEMENT_IDS` stream, by position)."""
-    draw_BxL = random_below(key_Bx2, Stream.REPLACEMENT_IDS, input_ids_BxL.shape[1], int(regular_ids_V.shape[0]))
-    corrupted_BxL = tf.where(code_BxL == _RANDOMISED, tf.gather(regular_ids_V, draw_BxL), input_ids_BxL)
+def uniform_draws(key_Bx2: tf.Tensor, length: int, regular_ids_V: tf.Tensor) -> tf.Tensor:
+    """int32 [B, length]: ids drawn uniformly from `regular_ids_V` (the `REPLACEMENT_IDS` stream,
+    by position): every scheme's random replacements but random_span's (`unigram_draws`)."""
+    return tf.gather(regular_ids_V, random_below(key_Bx2, Stream.REPLACEMENT_IDS, length, int(regular_ids_V.shape[0])))
+
+
+def _corrupt(input_ids_BxL, code_BxL, replacements_BxL, mask_id) -> tuple[tf.Tensor, tf.Tensor]:
+    """(corrupted ids, weights) from each token's code; a randomised token takes its position's
+    replacement id (each token its own draw)."""
+    corrupted_BxL = tf.where(code_BxL == _RANDOMISED, replacements_BxL, input_ids_BxL)
     corrupted_BxL = tf.where(code_BxL == _MASKED, mask_id, corrupted_BxL)
     return corrupted_BxL, tf.cast(code_BxL != _UNSELECTED, tf.float32)
 
@@ -432,7 +581,7 @@ def _mask_weighted(
     budget_B = masking_budget(tf.reduce_sum(tf.cast(content_BxL, tf.int32), axis=-1), rate_units_B)
     rates_BxL = tf.maximum(tf.gather(rates_V, input_ids_BxL), tf.constant(MIN_TOKEN_WEIGHT, tf.float64))
     code_BxL = weighted_codes(tf.where(content_BxL, rates_BxL, tf.zeros_like(rates_BxL)), budget_B, key_Bx2)
-    return _corrupt(input_ids_BxL, code_BxL, key_Bx2, regular_ids_V, mask_id)
+    return _corrupt(input_ids_BxL, code_BxL, uniform_draws(key_Bx2, input_ids_BxL.shape[1], regular_ids_V), mask_id)
 
 
 @functools.cache
@@ -469,6 +618,7 @@ def mask_batch(
     rate_units_B: tf.Tensor | None = None,
     highest_rate: float = MASK_RATE,
     token_rates_V: tf.Tensor | None = None,
+    token_counts_V: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """Mask a batch of prepared sequences (padded to a static length L) under `scheme`.
 
@@ -476,7 +626,8 @@ def mask_batch(
     scheme's `units_<name>` (-1 on special tokens and padding), all [B, L]; `key_Bx2` are
     the rows' keys (`randomness.example_keys`); `rate_units_B` each row's masking rate in basis
     points (`MaskRate.units_at`; default 15%), at most `highest_rate`; `token_rates_V`, for
-    informask, each token id's rate (`pmi_jax.formats.informask_rates`). Returns `inputs` (int32, corrupted), `targets` (int32,
+    informask, each token id's rate (`pmi_jax.formats.informask_rates`); `token_counts_V`, for
+    random_span, each id's count in the corpus (its random replacements' law). Returns `inputs` (int32, corrupted), `targets` (int32,
     original), `weights` (float32, 1 on every selected token, 0 elsewhere) and `units`
     (int32, the scheme's unit index per token, -1 on special tokens and padding), [B, L].
     """
@@ -484,6 +635,14 @@ def mask_batch(
     length = int(input_ids.shape[1])
     if rate_units_B is None:
         rate_units_B = tf.fill(tf.shape(input_ids)[:1], mask_rate_units(MASK_RATE))
+    if scheme == "random_span":
+        if token_counts_V is None:
+            raise ValueError("random_span needs token_counts_V")  # internal: tasks passes the corpus's
+        cumulative_V = tf.cumsum(tf.cast(token_counts_V, tf.int64))
+        corrupted, weights, unit_ids = _compiled_mask_spans(length, int(cumulative_V.shape[0]))(
+            input_ids, tf.cast(features["word_ids"], tf.int32), tf.cast(key_Bx2, tf.uint32), cumulative_V,
+            tf.constant(mask_id, tf.int32), tf.cast(rate_units_B, tf.int32))
+        return {"inputs": corrupted, "targets": input_ids, "weights": weights, "units": unit_ids}
     unit_ids = scheme_units(scheme, features, key_Bx2)
     if scheme in TOKEN_RATE_SCHEMES:
         if token_rates_V is None:

@@ -24,11 +24,12 @@ class Stream(enum.Enum):
 
     # Drawn with `random_bits` from a masked example's key (pmi_jax/masking.py).
     UNIT_ORDER = ("example", 0)  # the order in which units are offered to the budget
-    UNIT_FATE = ("example", 1)  # per selected unit: [MASK], random ids or unchanged
-    REPLACEMENT_IDS = ("example", 2)  # per token: the id a randomised unit's token gets
+    UNIT_FATE = ("example", 1)  # per selected unit (random_span: merged span): [MASK], random ids or unchanged
+    REPLACEMENT_IDS = ("example", 2)  # per token: the id a randomised unit's token gets (random_span: 2 per token)
     SPAN_LENGTHS = ("example", 3)  # random_span: the length of each span
     WEIGHTED_ORDER = ("example", 4)  # informask: the random order of the systematic sample
     WEIGHTED_START = ("example", 5)  # informask: the systematic sample's random start
+    SPAN_ANCHORS = ("example", 6)  # random_span: each span's anchor token
     # Hashed into an order key with `order_key` (pmi_jax/tasks.py).
     FILE_ORDER = ("order", 1)  # the order of a host's files in an epoch
     WINDOW_ORDER = ("order", 2)  # the permutation inside each shuffle window

@@ -29,6 +29,9 @@ PREFETCH_BATCHES = 2  # batches made ahead of the trainer: enough to hide a step
 AUTOTUNE_RAM_BUDGET = 256 << 20  # bytes tf.data's autotuning may spend on buffers (its default: half the host)
 MASK_BATCH = 128  # records parsed and masked per op call
 _INTERLEAVED_FILES = 16
+# Schemes whose random replacements follow the train split's unigram law (SpanBERT's): they need
+# the prepared corpus's token counts.
+UNIGRAM_SCHEMES = ("random_span",)
 _TASK_NAME = re.compile(r"^[\w.:]+$")  # what seqio accepts in a task name
 _FOREVER = 2**62
 
@@ -60,6 +63,8 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
             )
         if scheme in TOKEN_RATE_SCHEMES:
             self.token_rates  # noqa: B018 (read and checked now, not inside tf.data)
+        if scheme in UNIGRAM_SCHEMES:
+            self.token_counts()
 
     @functools.cached_property
     def token_rates(self) -> list[float]:
@@ -242,6 +247,8 @@ def mask_examples(
     mask_id = corpus.special_ids["mask"]
     regular_ids = corpus.regular_ids
     token_rates = corpus.token_rates if scheme in TOKEN_RATE_SCHEMES else None
+    # Validation masks draw from the train split's counts too (one law per run).
+    token_counts = corpus.token_counts("train") if scheme in UNIGRAM_SCHEMES else None
 
     def mask(batch, index_B):
         features = parse_records(batch["record"], unit_names, corpus.seq_len)
@@ -250,7 +257,8 @@ def mask_examples(
         masked = masking.mask_batch(features, scheme, keys, mask_id=mask_id,
                                     regular_ids_V=tf.constant(regular_ids, tf.int32), rate_units_B=rate_units,
                                     highest_rate=mask_rate.highest,
-                                    token_rates_V=None if token_rates is None else tf.constant(token_rates, tf.float64))
+                                    token_rates_V=None if token_rates is None else tf.constant(token_rates, tf.float64),
+                                    token_counts_V=None if token_counts is None else tf.constant(token_counts, tf.int64))
         # word_ids ride along (the feature converter drops them) so that `data dump` can
         # measure units in words.
         return {**masked, "word_ids": features["word_ids"], **{k: batch[k] for k in ("shard", "position", "epoch")}}

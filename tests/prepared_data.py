@@ -13,7 +13,7 @@ the format contract to the letter and nothing more:
       input_ids        [CLS] ... [SEP], a [SEP] between packed documents
       word_ids         whole-word index within the sequence, -1 on special tokens
       units_<name>     unit index within the sequence, -1 on special tokens
-  DIR/metadata.json                             seq_len, special_ids, units, splits
+  DIR/metadata.json                             seq_len, special_ids, units, splits (with token_counts)
 
 A word or unit cut by a sequence boundary continues as a new word or unit in the next
 sequence, as in the real packing. File names, the record codec and the metadata layout come
@@ -189,6 +189,7 @@ def write_prepared_corpus(
             "sequences": len(packed),
             "tokens": sum(len(s["input_ids"]) for s in packed),
             "files": names,
+            prepared_corpus.TOKEN_COUNTS: sum(prepared_corpus.content_token_counts(s, len(vocab)) for s in packed).tolist(),
         }
     units = {name: {"source": "synthetic", "entries": int(_VOCABULARY_SHARE.get(name, 0.5) * _COLLOCATIONS)}
              for name in unit_names}

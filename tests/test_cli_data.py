@@ -92,6 +92,14 @@ def test_show_marks_every_selected_unit(corpus_dir, capsys):
         assert any(shown.split() == ["[MASK]"] * len(shown.split()) for _, shown in marked)
 
 
+def test_show_gives_random_span_its_rounded_up_budget(corpus_dir, capsys):
+    assert main(["data", "show", "--data", corpus_dir, "--scheme", "random_span", "--num", "3"]) == 0
+    headers = re.findall(r"\((\d+) maskable\), (\d+) selected in \d+ units \(budget (\d+)\)", capsys.readouterr().out)
+    assert len(headers) == 3
+    for maskable, selected, budget in headers:
+        assert int(budget) == -(-15 * int(maskable) // 100) == int(selected)  # SpanBERT's ceil, filled exactly
+
+
 def test_mask_rate_sets_the_budget_of_show_and_dump(corpus_dir, tmp_path, capsys):
     assert main(["data", "show", "--data", corpus_dir, "--scheme", "pmi", "--num", "3", "--mask-rate", "0.4"]) == 0
     out = capsys.readouterr().out

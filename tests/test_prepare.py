@@ -108,6 +108,10 @@ def test_round_trip_to_the_words_of_each_split(corpus, prepared):
         assert stats["sequences"] == len(sequences)
         assert stats["tokens"] == sum(len(s["input_ids"]) for s in sequences)
         assert stats["shards"] == len(stats["files"]) == (3 if split == "train" else 1)
+        # Each id's count among the split's content tokens (random_span's replacement law).
+        content = np.concatenate([s["input_ids"][s["word_ids"] >= 0] for s in sequences])
+        assert stats["token_counts"] == np.bincount(content, minlength=len(vocab)).tolist()
+        assert not any("token_counts" in metadata["shards"][name] for name in stats["files"])
 
 
 def test_sequence_structure(prepared):

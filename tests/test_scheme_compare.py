@@ -197,6 +197,29 @@ def test_run_trains_seeds_scores_units_and_packs_what_compare_reads_without_tens
         assert unit in text
 
 
+def test_cross_score_scores_each_checkpoint_on_every_schemes_validation_batches(dumped, no_tensorflow_path):
+    """Issue 32's cross-scoring: a run's checkpoints on every scheme's validation batches; on
+    its own scheme's batches the loss is the trainer's validation loss at that step."""
+    root, _, out = dumped
+    results, work = root / "cross_out", root / "cross_work"
+    proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",
+                                              "--output", str(results), "--runs", str(work), "--schemes", "random_span",
+                                              "--unit", "token", "--eval-every", "2", "--positions", "2",
+                                              "--cross-score", "--set", "train.eval_every_steps=2"),
+                          capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cross = json.load(open(results / "summary.json"))["runs"]["random_span"]["0"]["cross_scores"]
+    assert sorted(cross) == ["2", "4"]
+    validated = {m["step"]: m["validation_loss"] for m in map(json.loads, open(work / "random_span-seed0" / "tensorboard"
+                                                                                 / "metrics.jsonl"))
+                 if "validation_loss" in m}
+    for step, scores in cross.items():
+        assert sorted(scores) == sorted(SCHEMES)
+        assert all(np.isfinite(v["loss"]) and v["tokens"] > 0 for v in scores.values())
+        assert scores["random_span"]["loss"] == pytest.approx(validated[int(step)], rel=1e-4)
+    assert len({round(v["loss"], 6) for v in cross["4"].values()}) > 1  # other masks, other losses
+
+
 def test_run_refuses_a_unit_the_file_does_not_hold(dumped, no_tensorflow_path):
     root, _, out = dumped
     proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, "run", "--batches", out, "--config", "tiny",

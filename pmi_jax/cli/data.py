@@ -22,7 +22,7 @@ def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) ->
                    "function of it, the example and the epoch (default: 0)")
     p.add_argument("--mask-rate", type=float, default=MASK_RATE, metavar="R",
                    help=f"share of each sequence's non-special tokens selected, as training's data.mask_rate: the "
-                   f"budget is floor(R x tokens), at least 1 (default: {MASK_RATE}, the paper's; e.g. 0.3)")
+                   f"budget is floor(R x tokens), at least 1, ceil for random_span as in SpanBERT (default: {MASK_RATE}, the paper's; e.g. 0.3)")
     p.add_argument("--shuffle", action="store_true", help="read in the training order for --seed instead of "
                    "file order")
     if default_num is None:
@@ -151,7 +151,7 @@ def render(targets, inputs, weights, units, vocab_tokens: list[str]) -> str:
 
 def run_show(args: argparse.Namespace) -> int:
     from pmi_jax.config import mask_rate_units
-    from pmi_jax.masking import masking_budget
+    from pmi_jax.masking import scheme_budget
 
     _absolute_paths(args)
     vocab, examples = _examples(args)
@@ -166,6 +166,6 @@ def run_show(args: argparse.Namespace) -> int:
         selected = int(ex["weights"].sum())
         units = len(set(ex["units"][ex["weights"] > 0].tolist()))
         print(f"\nshard {ex['shard']} position {ex['position']} epoch {ex['epoch']}: {tokens} tokens "
-              f"({maskable} maskable), {selected} selected in {units} units (budget {int(masking_budget(maskable, mask_rate_units(args.mask_rate)))})")
+              f"({maskable} maskable), {selected} selected in {units} units (budget {int(scheme_budget(args.scheme, maskable, mask_rate_units(args.mask_rate)))})")
         print(render(ex["targets"], ex["inputs"], ex["weights"], ex["units"], vocab.tokens))
     return 0

@@ -29,6 +29,7 @@ METADATA_FILE = "metadata.json"
 INPUT_IDS = "input_ids"
 WORD_IDS = "word_ids"
 UNITS_PREFIX = "units_"
+TOKEN_COUNTS = "token_counts"  # metadata.json, per split: each id's count among the content tokens
 
 _UNIT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -97,6 +98,13 @@ def decode_example(serialized: bytes) -> dict[str, np.ndarray]:
     return {name: np.asarray(f.int64_list.value, dtype=np.int64) for name, f in example.features.feature.items()}
 
 
+def content_token_counts(features: Mapping[str, np.ndarray], vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: how often each id is a content token (word id >= 0, so not [CLS] or
+    [SEP]) of one sequence; summed over a split, metadata.json's `token_counts`."""
+    ids = np.asarray(features[INPUT_IDS])[np.asarray(features[WORD_IDS]) >= 0]
+    return np.bincount(ids, minlength=vocab_size).astype(np.int64)
+
+
 def metadata_path(data_dir: str) -> str:
     return storage.join(data_dir, METADATA_FILE)
 
@@ -130,9 +138,10 @@ def read_metadata(data_dir: str) -> dict:
     entries, coverage}}, splits {split: {shards, sequences, tokens, documents, files}},
     shards {file: {bytes, sha256, sequences, tokens, content_tokens, documents, multiword_tokens}},
     corpus {files, documents, sha256, invalid_utf8_bytes}, config_fingerprint, tokens_per_word
-    (content tokens over basic-tokenizer words; splits and shards then hold `words` too). `shards`,
-    `shards.*.sha256`, `corpus.invalid_utf8_bytes` and the word counts are absent from corpora prepared before they
-    were recorded.
+    (content tokens over basic-tokenizer words; splits and shards then hold `words` too), and per
+    split `token_counts` (each id's count among its content tokens, a list indexed by id). `shards`,
+    `shards.*.sha256`, `corpus.invalid_utf8_bytes`, the word counts and `token_counts` are absent
+    from corpora prepared before they were recorded (an optional key: the format version stays).
     """
     path = metadata_path(data_dir)
     if not storage.gfile.exists(path):
@@ -283,6 +292,20 @@ class PreparedCorpus:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    def token_counts(self, split: str = "train") -> np.ndarray:
+        """int64 [vocab_size]: each id's count among `split`'s content tokens (metadata.json's
+        `token_counts`); a one-line error where the corpus predates them or they are damaged."""
+        counts = self.metadata["splits"].get(split, {}).get(TOKEN_COUNTS)
+        if counts is None:
+            raise UserInputError(f"{self.data_dir}: metadata.json records no token counts of the {split} split "
+                                 "(prepared by an older pmi-jax); random_span draws its random replacements from "
+                                 "them: rerun `pmi-jax corpus prepare --overwrite` with the same options")
+        counts = np.asarray(counts)
+        if counts.shape != (self.vocab_size,) or counts.dtype.kind != "i" or (counts < 0).any() or counts.sum() < 1:
+            raise UserInputError(f"{metadata_path(self.data_dir)}: {split} token_counts is not {self.vocab_size} "
+                                 "non-negative integers with a positive sum; rerun `pmi-jax corpus prepare --overwrite`")
+        return counts.astype(np.int64)
 
     def training_seq_len(self, requested: int | None) -> int:
         return training_seq_len(requested, self.seq_len, self.data_dir)

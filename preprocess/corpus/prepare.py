@@ -316,13 +316,16 @@ class ShardWriter:
         encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
         stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
         self.words = 0
+        token_counts = np.zeros(len(self.tokens), np.int64)
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
                 for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
                     writer.write(encode(features))
                     stats["sequences"] += 1
                     stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
+                    token_counts += prepared_corpus.content_token_counts(features, len(self.tokens))
             stats["content_tokens"] = packer.tokens
+            stats[prepared_corpus.TOKEN_COUNTS] = token_counts.tolist()
             stats["words"] = self.words
             stats["multiword_tokens"] = dict(packer.multiword_tokens)
             stats["bytes"] = storage.gfile.stat(tmp).length
@@ -505,8 +508,14 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
               for split in prepared_corpus.SPLITS}
     multiword = dict.fromkeys(units, 0)
     shards = {}
+    token_counts = {split: np.zeros(len(tokens), np.int64) for split in prepared_corpus.SPLITS}
+    counted_ids = True
     for task in tasks:
         stats = read_json(progress_path(config.output, task))
+        counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)  # summed per split below, not kept per shard
+        counted_ids &= counts is not None
+        if counts is not None:
+            token_counts[task.split] += np.asarray(counts, np.int64)
         shards[task.name] = stats
         split = splits[task.split]
         split["shards"] += 1
@@ -524,6 +533,11 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
         for task in tasks:
             splits[task.split]["words"] = splits[task.split].get("words", 0) + shards[task.name]["words"]
     words = sum(s.get("words", 0) for s in splits.values())
+    # Each id's count among the content tokens: random_span's replacement law (SpanBERT draws
+    # random tokens from the corpus). Shards written by a version that did not count ids leave it out.
+    if counted_ids:
+        for split, counts in token_counts.items():
+            splits[split][prepared_corpus.TOKEN_COUNTS] = counts.tolist()
     return {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
