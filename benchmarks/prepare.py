@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
 
 def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], list[tuple[int, str]]]:
     files = documents.expand_inputs(args.corpus)
-    docs = [(prepare.document_key(d.encode("utf-8")), d) for d in documents.iter_documents(files)]  # (key, text)
+    docs = [(documents.document_key(d.encode("utf-8")), d) for d in documents.iter_documents(files)]  # (key, text)
     vocab_txt = os.path.join(work_dir, "vocab.txt")
     if args.wordpiece:
         tokens = wordpiece_vocab.load_vocab(args.wordpiece)

@@ -106,6 +106,50 @@ def tag(value, n: int):
 
 
 # ---------------------------------------------------------------------------------------------
+# --sample-words: preprocess.text.sample, its cut combined over the workers
+
+
+def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from preprocess.text import sample
+
+    return sample.priorities(batch, seed), sample.whitespace_words(batch)
+
+
+def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
+    from preprocess.text import sample
+
+    kept = sample.in_sample(batch, seed, cut)
+    if kept:
+        yield kept
+
+
+class SampleCut(beam.CombineFn):
+    """(priorities, words) of batches -> the sample's cut; each accumulator keeps only its lowest
+    priorities (`sample.lowest`), about N words' worth of documents."""
+
+    def __init__(self, target: int):
+        self._target = target
+
+    def create_accumulator(self):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+
+    def add_input(self, accumulator, batch):
+        return self.merge_accumulators([accumulator, batch])
+
+    def merge_accumulators(self, accumulators):
+        from preprocess.text import sample
+
+        accumulators = list(accumulators)
+        return sample.lowest(np.concatenate([a[0] for a in accumulators]),
+                             np.concatenate([a[1] for a in accumulators]), self._target)
+
+    def extract_output(self, accumulator) -> int:
+        from preprocess.text import sample
+
+        return sample.cut(*accumulator, self._target)
+
+
+# ---------------------------------------------------------------------------------------------
 # Selection: the local code, on a table assembled from the counts
 
 
@@ -202,9 +246,13 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
     max_n, min_count = options.max_n, options.min_count
     read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
-    batches = (pipeline
-               | "Read" >> read
-               | "Words" >> beam.Map(document_words, options.tokenizer, options.cased))
+    texts = pipeline | "Read" >> read
+    if options.sample_words:  # --sample-words: the cut found in parallel, then a filter
+        cut = (texts
+               | "SamplePriorities" >> beam.Map(sample_priorities, options.sample_seed)
+               | "SampleCut" >> beam.CombineGlobally(SampleCut(options.sample_words)))
+        texts = texts | "Sample" >> beam.FlatMap(sampled, options.sample_seed, beam.pvalue.AsSingleton(cut))
+    batches = texts | "Words" >> beam.Map(document_words, options.tokenizer, options.cased)
     invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches
               | "Totals" >> beam.Map(batch_totals, max_n)

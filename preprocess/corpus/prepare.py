@@ -98,7 +98,7 @@ class Assignment:
     """Which shard each document goes to: a function of its text, --seed, --validation-fraction
     and the shard counts alone, so any worker that reads a document can route it.
 
-    A document's key is a 64-bit hash of its text (`document_key`); from the key and the seed,
+    A document's key is a 64-bit hash of its text (`documents.document_key`); from the key and the seed,
     one splitmix64 draw puts it in `validation` with probability `validation_fraction`, a second
     picks one of that split's shards uniformly. Equal documents share a key, so a duplicated
     document never sits in both splits. Inside a shard, documents keep corpus order.
@@ -125,11 +125,6 @@ class Assignment:
             n = np.where(is_validation, self.validation_shards, self.train_shards).astype(np.uint64)
             shard = ((shard_draw >> np.uint64(32)) * n) >> np.uint64(32)  # uniform in [0, n): n < 2^32
         return np.where(is_validation, self.train_shards, 0) + shard.astype(np.int64)
-
-
-def document_key(encoded: bytes) -> int:
-    """The key of a document (its UTF-8 text): it routes the document and seeds its units."""
-    return int.from_bytes(hashlib.blake2b(encoded, digest_size=8).digest(), "little")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +166,7 @@ def routed_documents(path: str, text_field: str, assignment: Assignment,
                 encoded = doc.encode("utf-8")
                 digest.update(encoded + b"\0")
                 batch.append(doc)
-                keys.append(document_key(encoded))
+                keys.append(documents.document_key(encoded))
                 chars += len(doc)
                 if len(batch) == _ROUTE_BATCH:
                     break
@@ -198,7 +193,7 @@ def corpus_summary(file_stats: Iterable[tuple[int, dict]]) -> dict:
 def in_shard_order(docs: Sequence[str], assignment: Assignment) -> dict[str, list[str]]:
     """Each split's documents (given in corpus order) as its shards hold them, shard after shard:
     what reading the split's files in order yields."""
-    task_of = assignment.task_of(np.array([document_key(d.encode("utf-8")) for d in docs], np.uint64))
+    task_of = assignment.task_of(np.array([documents.document_key(d.encode("utf-8")) for d in docs], np.uint64))
     ordered: dict[str, list[str]] = {split: [] for split in prepared_corpus.SPLITS}
     for task in assignment.tasks():
         ordered[task.split] += [d for d, t in zip(docs, task_of.tolist()) if t == task.id]
