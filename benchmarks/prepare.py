@@ -46,9 +46,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], prepare.CorpusScan]:
+def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], list[tuple[int, str]]]:
     files = documents.expand_inputs(args.corpus)
-    scan = prepare.scan_corpus(files)
+    docs = [(documents.document_key(d.encode("utf-8")), d) for d in documents.iter_documents(files)]  # (key, text)
     vocab_txt = os.path.join(work_dir, "vocab.txt")
     if args.wordpiece:
         tokens = wordpiece_vocab.load_vocab(args.wordpiece)
@@ -65,29 +65,28 @@ def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], prepare.Cor
         vocab_dir = os.path.join(work_dir, "pmi")
         build_vocabulary(files, vocab_dir, VocabOptions(size=args.vocab_size, min_count=args.min_count, workers=1))
         units = [("pmi", vocab_dir)]
-    return vocab_txt, units, scan
+    return vocab_txt, units, docs
 
 
-def run_once(context: prepare.WorkerContext, path: str) -> tuple[float, int, dict, int]:
+def run_once(context: prepare.WorkerContext, docs: list[tuple[int, str]], path: str) -> tuple[float, int, dict, int]:
     """CPU seconds and tokens to write every document as one shard, and the packer's unit stats."""
     writer = prepare.ShardWriter(context)  # builds the tries: set-up, not timed
     special = writer.special
     packer = SequencePacker(context.seq_len, special["cls"], special["sep"], [n for n, _ in context.units])
     encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
-    all_docs = np.arange(context.scan.documents)
     started = time.process_time()
     tokens = 0
     with tf.io.TFRecordWriter(path) as out:
-        for features in writer.sequences(prepare.shard_documents(context.scan, all_docs), packer):
+        for features in writer.sequences(docs, packer):
             out.write(encode(features))
             tokens += len(features[prepared_corpus.INPUT_IDS])
     return time.process_time() - started, tokens, dict(packer.multiword_tokens), packer.tokens
 
 
-def segmentation_only(context: prepare.WorkerContext) -> float:
+def segmentation_only(context: prepare.WorkerContext, docs: list[tuple[int, str]]) -> float:
     """CPU seconds inside `segmentation.unit_starts` alone, for all documents and vocabularies."""
     matchers = [segmentation.NgramMatcher(load_ngrams(source)) for _, source in context.units]
-    batches = list(prepare._batches(prepare.shard_documents(context.scan, np.arange(context.scan.documents))))
+    batches = list(prepare._batches(docs))
     words = [split_words_ragged(tf.constant(texts)) for _, texts in batches]
     started = time.process_time()
     for (indices, _), ragged in zip(batches, words):
@@ -101,20 +100,20 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as work_dir:
-        vocab_txt, units, scan = set_up(args, work_dir)
+        vocab_txt, units, docs = set_up(args, work_dir)
         out = os.path.join(work_dir, "shard.tfrecord")
         contexts = {
-            "plain": prepare.WorkerContext(work_dir, vocab_txt, (), args.seq_len, 0, scan),
-            "units": prepare.WorkerContext(work_dir, vocab_txt, tuple(units), args.seq_len, 0, scan),
+            "plain": prepare.WorkerContext(work_dir, vocab_txt, (), args.seq_len, 0),
+            "units": prepare.WorkerContext(work_dir, vocab_txt, tuple(units), args.seq_len, 0),
         }
         runs = {name: [] for name in contexts}
         for _ in range(args.repeat):  # interleaved, so that drifting machine load hits both alike
             for name, context in contexts.items():
-                runs[name].append(run_once(context, out))
+                runs[name].append(run_once(context, docs, out))
         best = {name: min(r, key=lambda run: run[0]) for name, r in runs.items()}
-        segment_seconds = min(segmentation_only(contexts["units"]) for _ in range(args.repeat))
+        segment_seconds = min(segmentation_only(contexts["units"], docs) for _ in range(args.repeat))
 
-    print(f"corpus: {scan.documents} documents, {scan.chars / 1e6:.1f}M characters; seq_len {args.seq_len}; "
+    print(f"corpus: {len(docs)} documents, {sum(len(d) for _, d in docs) / 1e6:.1f}M characters; seq_len {args.seq_len}; "
           f"units: {', '.join(f'{n}={s}' for n, s in units)}")
     for name, (seconds, tokens, multiword, content) in best.items():
         coverage = ", ".join(f"{n} coverage {m / content:.1%}" for n, m in multiword.items())

@@ -284,6 +284,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="corpus prepare's --workers")
     parser.add_argument("--commands", nargs="+", default=["vocab", "prepare"], choices=["vocab", "prepare"])
     parser.add_argument("--keep-outputs", action="store_true", help="keep the vocabulary and TFRecords")
+    parser.add_argument("--runner", choices=["DirectRunner"], help="run both commands as Beam pipelines")
+    parser.add_argument("--direct-workers", type=int, default=2, help="--direct_num_workers with --runner")
     args = parser.parse_args()
     if args.table:
         with open(args.output) as f:
@@ -300,7 +302,7 @@ def main() -> None:
         corpus_dir = os.path.join(args.work_dir, f"corpus_{n}")
         corpus = generate_corpus(args.source, n, corpus_dir)
         print(f"corpus {n:,}: {corpus}", flush=True)
-        run_dir = os.path.join(args.work_dir, f"run_{n}")
+        run_dir = os.path.join(args.work_dir, f"run_{n}" + (f"_{args.runner}" if args.runner else ""))
         shutil.rmtree(run_dir, ignore_errors=True)
         inputs = os.path.join(corpus_dir, "*.txt")
         vocab = os.path.join(run_dir, "vocab", "vocab_pmi")
@@ -311,11 +313,17 @@ def main() -> None:
             "prepare": [exe, "corpus", "prepare", "--input", inputs, "--output", prepared, "--units", f"pmi={vocab}",
                         "--seq-len", "128", "--workers", str(args.workers), "--no-progress"],
         }
+        if args.runner:  # both as Beam pipelines, worker processes as the multi-core local path's
+            beam = ["--runner", args.runner, "--direct_num_workers", str(args.direct_workers),
+                    "--beam-option=--direct_running_mode=multi_processing"]
+            commands["vocab"] = [exe, "vocab", "build", "--input", inputs, "--output", vocab, "--no-progress", *beam]
+            commands["prepare"] += beam
         for command in args.commands:
             out = vocab if command == "vocab" else prepared
             os.makedirs(os.path.dirname(out), exist_ok=True)
             load_before = os.getloadavg()
             record = {"words": corpus["words"], "command": command, "corpus": corpus, "machine": machine,
+                      "runner": args.runner or "local",
                       **run_command(commands[command], os.path.dirname(out)),
                       "load_before": load_before, "load_after": os.getloadavg()}
             if record["returncode"] == 0:

@@ -122,3 +122,32 @@ def test_beams_wordpiece_step_learns_in_worker_processes_what_one_process_learns
     written = beam_prepare.train_and_write_wordpiece(counts, 2_000, str(tmp_path / "vocab.txt"), workers=2)
     serial = wordpiece.train_vocab(collections.Counter(dict(counts)), 2_000, workers=1)
     assert pathlib.Path(written).read_text().split("\n")[:len(serial)] == serial
+
+
+def test_beam_finishes_a_killed_run_writing_only_the_missing_shards(corpus, local_vocab, tmp_path):
+    """A local run killed after its first shard, finished on Beam: the shard already written is not
+    touched, the others are written, and the directory equals an uninterrupted run's byte for byte."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "whole"), wordpiece_size=1500,
+                                   units=(("pmi", str(local_vocab)),), seq_len=64, validation_fraction=0.05,
+                                   shards=3, seed=7, progress=False)
+    prepare.prepare(config)
+    killed = dataclasses.replace(config, output=str(tmp_path / "killed"))
+
+    class Killed(Exception):
+        pass
+
+    def kill(task):
+        raise Killed(task.name)
+
+    with pytest.raises(Killed):
+        prepare.prepare(killed, on_shard_done=kill)
+    (first,) = pathlib.Path(killed.output).glob("*.tfrecord")
+    written_at = first.stat().st_mtime_ns
+    beam_prepare.prepare(killed, PipelineOptions(direct_runner()))
+    assert first.stat().st_mtime_ns == written_at
+    whole = sorted(os.listdir(config.output))
+    assert sorted(os.listdir(killed.output)) == whole
+    for name in whole:
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name

@@ -24,7 +24,7 @@ from preprocess.text import hf_tokenizer
 from preprocess.vocab import build_vocab
 from preprocess.vocab.build_vocab import VocabOptions
 from preprocess.text.demo_corpus import iter_demo_documents
-from preprocess.corpus.prepare import PrepareConfig, prepare
+from preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
 from tests import hf_tokenizers
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -92,7 +92,8 @@ def test_ids_and_words_are_the_tokenizers_own(corpus, tokenizers_, tmp_path, kin
     metadata = _prepare(corpus, tokenizers_[kind], tmp_path / "data")
     special = metadata["special_ids"]
     reference = _reference(tokenizers_[kind])
-    encodings = reference.encode_batch(corpus["docs"], add_special_tokens=False)
+    in_shards = in_shard_order(corpus["docs"], Assignment(0, 0.0, 2, 0))["train"]  # _prepare's seed and shards
+    encodings = reference.encode_batch(in_shards, add_special_tokens=False)
     expected_ids = np.concatenate([e.ids for e in encodings])
     # a token starts a word where the encoding's word index changes (or a document begins)
     expected_start = np.concatenate([np.diff(np.asarray(e.word_ids), prepend=-1) != 0 for e in encodings])
@@ -125,7 +126,8 @@ def test_cased_vocab_txt_is_bert_cased(corpus, tokenizers_, tmp_path):
     _prepare(corpus, tokenizers_["vocab_txt"], tmp_path / "txt", cased=True)
     _prepare(corpus, tokenizers_["wordpiece_cased"], tmp_path / "json")
     bert = BertTokenizerFast(vocab_file=str(tokenizers_["vocab_txt"]), do_lower_case=False, split_special_tokens=True)
-    expected = np.concatenate([bert(d, add_special_tokens=False)["input_ids"] for d in corpus["docs"]])
+    expected = np.concatenate([bert(d, add_special_tokens=False)["input_ids"] for d in
+                               in_shard_order(corpus["docs"], Assignment(0, 0.0, 2, 0))["train"]])
     ids = np.concatenate([s["input_ids"][s["word_ids"] >= 0] for s in _sequences(tmp_path / "txt")])
     np.testing.assert_array_equal(ids, expected)
     for name in ("train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord", "vocab.txt"):

@@ -14,7 +14,7 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus
 from preprocess.text.documents import expand_inputs, iter_documents
 from preprocess.corpus.sequence_packing import SequencePacker
-from preprocess.corpus.prepare import PrepareConfig, assign_documents, prepare
+from preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
 from preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
 from preprocess.text.words import split_words
 
@@ -96,10 +96,9 @@ def _bytes_of(directory) -> dict[str, bytes]:
 def test_round_trip_to_the_words_of_each_split(corpus, prepared):
     config, metadata = prepared
     vocab = _vocab(config.output)
-    is_validation = assign_documents(len(corpus["docs"]), config.validation_fraction, config.seed)
-    assert is_validation.sum() == 9
-    for split, members in (("train", ~is_validation), ("validation", is_validation)):
-        docs = [d for d, m in zip(corpus["docs"], members) if m]
+    by_split = in_shard_order(corpus["docs"], Assignment(config.seed, config.validation_fraction, 3, 1))
+    assert 3 <= len(by_split["validation"]) <= 16  # Binomial(90, 0.1): 99.6% of seeds; this one fixed
+    for split, docs in by_split.items():
         expected = [w for doc in split_words(docs) for w in doc]
         sequences = _read_split(config.output, split)
         assert _words_of_stream(sequences, vocab, metadata["special_ids"]) == expected
@@ -542,3 +541,55 @@ def test_tokens_per_word_is_recorded_and_grows_as_the_vocabulary_shrinks(corpus,
     assert 1.0 < metadata["tokens_per_word"] < 3.0
     smaller = prepare(_config(corpus, tmp_path / "small", wordpiece_size=80, units=()))
     assert smaller["tokens_per_word"] > metadata["tokens_per_word"] + 0.2
+
+
+def test_the_plan_reads_no_document_only_file_names_and_sizes(corpus, tmp_path, monkeypatch):
+    """What the launcher does before the workers start is independent of the corpus's length:
+    with the document reader disabled, the plan (assignment, fingerprint, shards to write) is made."""
+    from preprocess.corpus import prepare as prepare_module
+    from preprocess.text import documents
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the plan read a document")
+
+    monkeypatch.setattr(documents, "read_documents", no_reading)
+    plan = prepare_module.plan_prepare(_config(corpus, tmp_path / "data"))
+    assert [t.name for t in plan.todo] == ["train-00000-of-00003.tfrecord", "train-00001-of-00003.tfrecord",
+                                           "train-00002-of-00003.tfrecord", "validation-00000-of-00001.tfrecord"]
+    assert plan.corpus.sizes == tuple(os.path.getsize(p) for p in corpus["inputs"])
+
+
+def test_the_assignment_draws_splits_and_shards_as_stated():
+    """Over 200,000 keys: the validation share is Binomial(n, fraction) and each split's shards
+    are equally likely (exact binomial bound and a chi-square test, each at p = 1e-6); the same
+    key always gets the same shard, another seed reassigns about all of them."""
+    from scipy import stats
+
+    keys = np.random.default_rng(11).integers(0, 2**63, size=200_000, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+    assignment = Assignment(seed=3, validation_fraction=0.05, train_shards=7, validation_shards=2)
+    task = assignment.task_of(keys)
+    validation = task >= 7
+    lo, hi = stats.binom.ppf([5e-7, 1 - 5e-7], len(keys), 0.05)
+    assert lo <= validation.sum() <= hi
+    for members, shards, offset in ((~validation, 7, 0), (validation, 2, 7)):
+        counts = np.bincount(task[members] - offset, minlength=shards)
+        assert len(counts) == shards
+        assert stats.chisquare(counts).pvalue > 1e-6
+    np.testing.assert_array_equal(assignment.task_of(keys[::-1]), task[::-1])  # a function of the key alone
+    other = Assignment(seed=4, validation_fraction=0.05, train_shards=7, validation_shards=2).task_of(keys)
+    assert 0.80 < np.mean(other != task) < 0.90  # independent draws agree about 0.95 * 1/7 + 0.05 * 1/2 of the time
+    assert (Assignment(3, 0.0, 5, 0).task_of(keys) < 5).all()  # no validation shards: every key trains
+
+
+def test_a_duplicated_document_lands_in_one_shard(tmp_path):
+    """Equal texts share a key: a document repeated across files is never in both splits."""
+    docs = [f"document number {i} with some words" for i in range(200)]
+    (tmp_path / "a.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp_path / "b.txt").write_text("\n\n".join(reversed(docs)) + "\n")
+    config = PrepareConfig(inputs=(str(tmp_path / "a.txt"), str(tmp_path / "b.txt")), output=str(tmp_path / "data"),
+                           wordpiece_size=200, seq_len=32, validation_fraction=0.2, shards=2, seed=5, progress=False)
+    metadata = prepare(config)
+    by_split = in_shard_order(docs, Assignment(5, 0.2, 2, 1))
+    assert metadata["splits"]["validation"]["documents"] == 2 * len(by_split["validation"]) > 0
+    assert metadata["splits"]["train"]["documents"] == 2 * len(by_split["train"])
+    assert metadata["corpus"]["documents"] == 400 and metadata["format_version"] == 2

@@ -1,5 +1,5 @@
 """Resume points (preprocess/text/documents.py): a read from any of them yields exactly the rest of
-the file, in every format; `corpus prepare`'s shards start there instead of at the file's start."""
+the file, in every format."""
 import gzip
 import json
 
@@ -11,7 +11,6 @@ import pytest
 
 from pmi_jax.errors import UserInputError
 
-from preprocess.corpus import prepare
 from preprocess.text.documents import read_documents, read_documents_with_resume_points
 
 
@@ -86,19 +85,3 @@ def test_a_resumed_json_read_still_names_the_bad_line(tmp_path):
     points = [next(pairs)[1] for _ in range(30)]  # the 31st line is the broken one
     with pytest.raises(UserInputError, match=r"c\.jsonl:31: not a JSON object"):
         list(read_documents(str(path), start=points[-1]))
-
-
-@pytest.mark.parametrize("kind", ["text", "parquet"])
-def test_shards_read_from_resume_points_give_the_same_documents(tmp_path, kind, monkeypatch):
-    monkeypatch.setattr(prepare, "_RESUME_EVERY_CHARS", 200)  # many points in a small file
-    docs = _docs(400, seed=3)
-    path = _write(tmp_path, kind, docs)
-    scan = prepare.scan_corpus([path], progress=False)
-    assert len(scan.resume_points[0]) > 10
-    whole = prepare.CorpusScan(scan.files, scan.docs_per_file, scan.chars, scan.sha256)  # no points
-    rng = np.random.default_rng(0)
-    for lo, hi in [(0, 5), (17, 18), (150, 260), (399, 400)] + [tuple(sorted(rng.choice(401, 2))) for _ in range(20)]:
-        wanted = np.arange(lo, hi)
-        wanted = wanted[rng.random(len(wanted)) < 0.7]
-        got = list(prepare.shard_documents(scan, wanted))
-        assert got == list(prepare.shard_documents(whole, wanted)) == [(int(i), docs[i]) for i in wanted]

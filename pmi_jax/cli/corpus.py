@@ -199,6 +199,8 @@ def run_show(args: argparse.Namespace) -> int:
     names = [args.units] if args.units else names
     paths = corpus.files(args.split)
     vocab = corpus.tokens
+    version = corpus.metadata["format_version"]
+    print(f"{args.data_dir}: format version {version} ({prepared_corpus.ASSIGNMENTS[version]})")
     records = tf.data.TFRecordDataset(paths).take(args.num)
     try:
         with prepared_corpus.reading(args.data_dir):  # a shard whose bytes changed is named

@@ -71,6 +71,11 @@ def _add_build(commands) -> None:
                    "directory beside a local --output, $TMPDIR for gs://); needs about 16 bytes per corpus word, "
                    "plus the counts that spill; removed at the end, and what a killed run left is removed by the "
                    "next run")
+    p.add_argument("--sample-words", type=int, default=0, metavar="N",
+                   help="build from a seeded sample of whole documents of about N whitespace-separated words "
+                   "(the documents of lowest hash priority; the same on every runner), not the whole corpus "
+                   "(default 0: the whole corpus); benchmarks/README.md says how large a sample the vocabulary needs")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample-words' draw (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
@@ -135,7 +140,8 @@ def run_build(args: argparse.Namespace) -> int:
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
                            workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir,
-                           text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
+                           text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased,
+                           sample_words=args.sample_words, sample_seed=args.sample_seed)
     with storage.write_errors(args.output):
         if args.runner:
             from preprocess.beam import beam_vocab

@@ -20,7 +20,12 @@ import tensorflow as tf
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The records are the same in every version; what changed is which document went where.
+ASSIGNMENTS = {
+    1: "validation: a seeded choice of round(fraction * documents); shards: contiguous runs in corpus order",
+    2: "a seeded hash of each document's text picks its split and shard; corpus order inside a shard",
+}
 SPLITS = ("train", "validation")
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
@@ -148,9 +153,9 @@ def read_metadata(data_dir: str) -> dict:
         raise UserInputError(f"{data_dir}: not a prepared corpus (no {METADATA_FILE}; "
                              "run `pmi-jax corpus prepare`, or let an interrupted run finish)")
     metadata = storage.read_json_object(path, "; rerun `pmi-jax corpus prepare`")
-    if metadata.get("format_version") != FORMAT_VERSION:
+    if metadata.get("format_version") not in ASSIGNMENTS:
         raise UserInputError(f"{path}: format_version {metadata.get('format_version')!r}, "
-                             f"this pmi-jax reads {FORMAT_VERSION}")
+                             f"this pmi-jax reads {', '.join(map(str, ASSIGNMENTS))}")
     check_metadata(metadata, path)
     return metadata
 

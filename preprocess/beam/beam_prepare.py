@@ -1,16 +1,18 @@
-"""`pmi-jax corpus prepare` as an Apache Beam pipeline: every shard written by its own worker.
+"""`pmi-jax corpus prepare` as an Apache Beam pipeline: read, route and write in parallel.
 
     pmi-jax corpus prepare --input gs://B/corpora/owt --output gs://B/prepared/owt --units pmi=gs://B/vocab/pmi --runner DataflowRunner ...
 
-The local pipeline's work (preprocess.corpus.prepare), cut where it is already cut: plan here,
-wordpiece counts in parallel (without --wordpiece), one Beam element per unwritten shard
-(`prepare.ShardWriter.write`), metadata.json here. The same inputs give byte-identical shards,
-vocab.txt and metadata.json; a rerun writes only the missing shards. Stages in full:
-docs/design.md, "Module notes", beam_prepare.py.
+The local pipeline's work (preprocess.corpus.prepare), cut where it is already cut: the launcher
+lists file names and sizes and claims the output; each worker reads whole files and routes every
+document to its shard (`prepare.routed_documents`: a hash of the text); a group by shard brings
+each shard's documents to one worker, which restores corpus order and writes the shard
+(`prepare.ShardWriter.write`); wordpiece counts in parallel (without --wordpiece); metadata.json
+here. The same inputs give byte-identical shards, vocab.txt and metadata.json; a rerun writes
+only the missing shards. Stages in full: docs/design.md, "Module notes", beam_prepare.py.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 
@@ -18,34 +20,51 @@ from pmi_jax import storage
 from preprocess.beam import beam_options, beam_pipeline
 
 
-class WriteShards(beam.DoFn):
-    """(split, index) -> that shard written by `prepare.ShardWriter`; yields (shard name, stats).
+class RouteDocuments(beam.DoFn):
+    """(file index, path) -> (task id, (file, ordinal, key, text)) for each of its documents whose
+    shard is still to write; then (file, its stats) on the output "files"."""
 
-    Workers rebuild the document assignment from the scan (it is a function of the document
-    count, the validation fraction, the seed and the shard counts) instead of receiving every
-    shard's document list, so the job description stays small for a corpus of any size.
-    """
+    def __init__(self, text_field: str, assignment, todo: Iterable[int]):
+        self._text_field = text_field
+        self._assignment = assignment
+        self._todo = frozenset(todo)
 
-    def __init__(self, context, validation_fraction: float, seed: int, shard_counts: dict[str, int]):
-        self._context = context
-        self._assignment = (validation_fraction, seed, dict(shard_counts))
-        self._writer = None
-        self._tasks = None
-
-    def _start(self) -> None:
+    def process(self, indexed: tuple[int, str]):
         from preprocess.corpus import prepare
 
-        fraction, seed, counts = self._assignment
-        is_validation = prepare.assign_documents(self._context.scan.documents, fraction, seed)
-        self._tasks = {(t.split, t.index): t for t in prepare.shard_tasks(is_validation, counts)}
-        # Built on first use, after the vocab.txt side input exists.
-        self._writer = prepare.ShardWriter(self._context)
+        f, path = indexed
+        stats: dict = {}
+        for task, ordinal, key, text in prepare.routed_documents(path, self._text_field, self._assignment, stats):
+            if task in self._todo:
+                yield task, (f, ordinal, key, text)
+        yield beam.pvalue.TaggedOutput("files", (f, stats))
 
-    def process(self, shard: tuple[str, int], vocab_ready=None) -> Iterator[tuple[str, dict]]:
-        if self._writer is None:
-            self._start()
-        task = self._tasks[shard]
-        yield task.name, self._writer.write(task)
+
+class WriteShards(beam.DoFn):
+    """(task id, its documents in any order) -> that shard written by `prepare.ShardWriter`, from
+    the documents in corpus order; yields (shard name, stats). Every unwritten shard arrives,
+    with a None among its documents, so that an empty one is written too."""
+
+    def __init__(self, context, tasks):
+        self._context = context
+        self._tasks = {t.id: t for t in tasks}
+        self._writer = None
+
+    def process(self, grouped: tuple[int, Iterable], vocab_ready=None) -> Iterator[tuple[str, dict]]:
+        from preprocess.corpus import prepare
+
+        if self._writer is None:  # built on first use, after the vocab.txt side input exists
+            self._writer = prepare.ShardWriter(self._context)
+        task_id, docs = grouped
+        ordered = sorted(d for d in docs if d is not None)  # by (file, ordinal): corpus order
+        task = self._tasks[task_id]
+        yield task.name, self._writer.write(task, ((key, text) for _, _, key, text in ordered))
+
+
+def record_corpus(file_stats: Sequence[tuple[int, dict]], output: str, inputs: Sequence[str]) -> None:
+    from preprocess.corpus import prepare
+
+    prepare.record_corpus(output, prepare.corpus_summary(file_stats), inputs)
 
 
 def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
@@ -87,27 +106,37 @@ def _run(config, plan, pipeline_options) -> dict:
     from preprocess.corpus import prepare as local
 
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
-    files = plan.scan.files
+    files, text_field = plan.corpus.files, plan.corpus.text_field
     if given is not None:
         plan.install_given()
     train = given is None and not storage.gfile.exists(vocab_txt)  # else: kept from an interrupted run
-    todo = [(t.split, t.index) for t in plan.todo]
-    context = plan.worker_context()
+    todo = [t.id for t in plan.todo]
+    if not todo and storage.gfile.exists(local.corpus_json_path(config.output)):
+        return local.finish_prepare(plan)  # killed after its last shard, before metadata.json
     with beam_pipeline.user_errors_in_one_line(), \
             beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             vocab_ready = (pipeline
-                           | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=plan.scan.text_field)
+                           | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
                            | "CountWords" >> beam.FlatMap(count_batch_words)
                            | "SumWords" >> beam.CombinePerKey(sum)
                            | "AllWords" >> beam.combiners.ToList()
                            | "TrainWordPiece" >> beam.Map(train_and_write_wordpiece, config.wordpiece_size, vocab_txt))
         else:
             vocab_ready = pipeline | "VocabExists" >> beam.Create([vocab_txt])
-        _ = (pipeline
-             | "Shards" >> beam.Create(todo)
-             | "Spread" >> beam.Reshuffle()
-             | "Write" >> beam.ParDo(WriteShards(context, config.validation_fraction, config.seed, plan.shard_counts),
+        routed = (pipeline
+                  | "Files" >> beam.Create(list(enumerate(files)))
+                  | "SpreadFiles" >> beam.Reshuffle()
+                  | "Route" >> beam.ParDo(RouteDocuments(text_field, plan.assignment, todo)).with_outputs(
+                      "files", main="documents"))
+        every_shard = pipeline | "Shards" >> beam.Create([(task, None) for task in todo])
+        _ = ((routed.documents, every_shard)
+             | "WithEmptyShards" >> beam.Flatten()
+             | "GroupByShard" >> beam.GroupByKey()
+             | "Write" >> beam.ParDo(WriteShards(plan.worker_context(), plan.todo),
                                      vocab_ready=beam.pvalue.AsSingleton(vocab_ready)))
+        _ = (routed.files
+             | "AllFiles" >> beam.combiners.ToList()
+             | "RecordCorpus" >> beam.Map(record_corpus, config.output, list(config.inputs)))
 
     return local.finish_prepare(plan)

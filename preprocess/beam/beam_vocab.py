@@ -4,8 +4,9 @@
 
 Same input and options, same masking_vocab.txt/.tsv bytes as the local build (docs/design.md,
 "Words and n-grams" to "Masking vocabulary"). Stages: words, counts (the local Apriori rule,
-level by level, the sub-gram test as a join), selection (one highmem worker, the local
-`NgramCounts` and build_vocab code), coverage, output. Each stage's local code and the full
+level by level, the sub-gram test as a join), selection (one worker, the local `NgramCounts`
+and build_vocab code, fed compact word-id arrays), coverage, output; with --sample-words, a
+seeded document sample first. Each stage's local code and the full
 command: docs/design.md, "Module notes", beam_vocab.py.
 """
 from __future__ import annotations
@@ -71,10 +72,6 @@ def ngram_counts(batch: Sequence[Gram], n: int, frequent_words) -> Iterator[tupl
     yield from counts.items()
 
 
-def as_unigram(word_count: tuple[bytes, int]) -> tuple[Gram, int]:
-    return (word_count[0],), word_count[1]
-
-
 def key_by_part(gram_count: tuple[Gram, int], part: slice) -> tuple[Gram, tuple[Gram, int]]:
     return gram_count[0][part], gram_count
 
@@ -106,50 +103,134 @@ def tag(value, n: int):
 
 
 # ---------------------------------------------------------------------------------------------
+# --sample-words: preprocess.text.sample, its cut combined over the workers
+
+
+def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from preprocess.text import sample
+
+    return sample.priorities(batch, seed), sample.whitespace_words(batch)
+
+
+def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
+    from preprocess.text import sample
+
+    kept = sample.in_sample(batch, seed, cut)
+    if kept:
+        yield kept
+
+
+class SampleCut(beam.CombineFn):
+    """(priorities, words) of batches -> the sample's cut; each accumulator keeps only its lowest
+    priorities (`sample.lowest`), about N words' worth of documents."""
+
+    def __init__(self, target: int):
+        self._target = target
+
+    def create_accumulator(self):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+
+    def add_input(self, accumulator, batch):
+        return self.merge_accumulators([accumulator, batch])
+
+    def merge_accumulators(self, accumulators):
+        from preprocess.text import sample
+
+        accumulators = list(accumulators)
+        return sample.lowest(np.concatenate([a[0] for a in accumulators]),
+                             np.concatenate([a[1] for a in accumulators]), self._target)
+
+    def extract_output(self, accumulator) -> int:
+        from preprocess.text import sample
+
+        return sample.cut(*accumulator, self._target)
+
+
+# ---------------------------------------------------------------------------------------------
 # Selection: the local code, on a table assembled from the counts
 
 
-def counts_table(frequent: Sequence[tuple[int, tuple[Gram, int]]], counted: dict[int, int], totals: Sequence[int],
-                 min_count: int, max_n: int):
+def word_index(word_counts: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], np.ndarray, dict[bytes, int]]:
+    """The frequent words in byte order, their counts, and each word's position (its id).
+
+    The local build numbers words by first appearance; nothing in the output depends on the
+    numbering."""
+    ordered = sorted(word_counts)
+    words = [w for w, _ in ordered]
+    return words, np.array([c for _, c in ordered], np.int64), {w: i for i, w in enumerate(words)}
+
+
+def gram_ids(batch: Sequence[tuple[Gram, int]], words) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of (frequent n-gram, count) -> (word ids int32 [B, n], counts int64 [B]): from here
+    on an n-gram costs 4n + 8 bytes, not a tuple of bytes objects."""
+    index = words[2]
+    n = len(batch[0][0])
+    ids = np.fromiter((index[w] for gram, _ in batch for w in gram), np.int32, len(batch) * n).reshape(-1, n)
+    return ids, np.fromiter((c for _, c in batch), np.int64, len(batch))
+
+
+class ConcatenateLevel(beam.CombineFn):
+    """(ids [B, n], counts [B]) batches -> one pair of arrays: every frequent n-gram of one length."""
+
+    def __init__(self, n: int):
+        self._n = n
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, batch):
+        accumulator.append(batch)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return [self._join(sum(accumulators, []))]
+
+    def _join(self, parts):
+        if not parts:
+            return np.zeros((0, self._n), np.int32), np.zeros(0, np.int64)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def extract_output(self, accumulator):
+        return self._n, *self._join(accumulator)
+
+
+def counts_table(words, levels: Sequence[tuple[int, np.ndarray, np.ndarray]], counted: dict[int, int],
+                 totals: Sequence[int], min_count: int, max_n: int):
     """The frequent n-grams of every length as the local `NgramCounts` table.
 
-    Frequent words are numbered in byte order (the local build numbers them by first
-    appearance; nothing in the output depends on the numbering). n-gram keys follow
-    `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams * F + last word.
+    `words` is `word_index`'s; `levels` holds (n, word ids [M, n], counts [M]) per length >= 2.
+    n-gram keys follow `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams
+    * F + last word.
     """
     from preprocess.vocab.ngram_counts import NgramCounts
     from preprocess.vocab.sorted_keys import lookup
 
-    levels: dict[int, list[tuple[Gram, int]]] = {n: [] for n in range(1, max_n + 1)}
-    for n, gram_count in frequent:
-        levels[n].append(gram_count)
-    words_and_counts = sorted((gram[0], count) for gram, count in levels[1])
-    words = [w for w, _ in words_and_counts]
-    index = {w: i for i, w in enumerate(words)}
-    num_frequent = max(len(words), 1)
-    table = NgramCounts(words=words, keys={}, counts={1: np.array([c for _, c in words_and_counts], np.int64)},
+    word_list, word_counts, _ = words
+    num_frequent = max(len(word_list), 1)
+    table = NgramCounts(words=word_list, keys={}, counts={1: word_counts},
                         counted=dict(counted), num_positions=[0, *totals[1:]], documents=totals[0],
                         num_words=totals[1], min_count=min_count, spilled=False)
+    by_length = {n: (ids.astype(np.int64), counts) for n, ids, counts in levels}
     for n in range(2, max_n + 1):
-        word_ids = np.array([[index[w] for w in gram] for gram, _ in levels[n]], np.int64).reshape(-1, n)
+        word_ids, counts = by_length[n]
         prefix = word_ids[:, 0]
         for m in range(2, n):  # index of the m-word prefix among the frequent m-grams
             prefix = lookup(table.keys[m], prefix * num_frequent + word_ids[:, m - 1])
         keys = prefix * num_frequent + word_ids[:, n - 1]
         order = np.argsort(keys)
         table.keys[n] = keys[order]
-        table.counts[n] = np.array([c for _, c in levels[n]], np.int64)[order]
+        table.counts[n] = counts[order]
     return table
 
 
-def select(_, options, files: Sequence[str], frequent, counted, totals, distinct_words: int) -> dict:
+def select(_, options, files: Sequence[str], words, levels, counted, totals, distinct_words: int) -> dict:
     """Score, rank and cut with preprocess.vocab.build_vocab; return what the later stages need."""
     from preprocess.vocab import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
     counted = {1: distinct_words, **dict(counted)}
-    table = counts_table(frequent, counted, totals, options.min_count, options.max_n)
+    table = counts_table(words, levels, counted, totals, options.min_count, options.max_n)
     # The local build's own selection and statistics, so that both paths rank and report alike.
     selection = build_vocab.select_ngrams(table, options)
     if not any(s.texts for s in selection.values()):
@@ -202,9 +283,13 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     """Add the whole vocabulary build to `pipeline`; running it writes `output`."""
     max_n, min_count = options.max_n, options.min_count
     read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
-    batches = (pipeline
-               | "Read" >> read
-               | "Words" >> beam.Map(document_words, options.tokenizer, options.cased))
+    texts = pipeline | "Read" >> read
+    if options.sample_words:  # --sample-words: the cut found in parallel, then a filter
+        cut = (texts
+               | "SamplePriorities" >> beam.Map(sample_priorities, options.sample_seed)
+               | "SampleCut" >> beam.CombineGlobally(SampleCut(options.sample_words)))
+        texts = texts | "Sample" >> beam.FlatMap(sampled, options.sample_seed, beam.pvalue.AsSingleton(cut))
+    batches = texts | "Words" >> beam.Map(document_words, options.tokenizer, options.cased)
     invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches
               | "Totals" >> beam.Map(batch_totals, max_n)
@@ -213,7 +298,7 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     distinct_words = words | "DistinctWords" >> beam.combiners.Count.Globally()
     frequent_words = words | "FrequentWords" >> beam.Filter(is_frequent, min_count)
     word_side_input = beam.pvalue.AsDict(frequent_words)
-    frequent = {1: frequent_words | "AsGrams1" >> beam.Map(as_unigram)}
+    frequent = {}
     counted = []
     for n in range(2, max_n + 1):
         grams = (batches
@@ -224,11 +309,17 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
             grams = keep_where_frequent(grams, frequent[n - 1], slice(1, n), f"Suffix{n}")
         counted.append(grams | f"Counted{n}" >> beam.combiners.Count.Globally() | f"TagCounted{n}" >> beam.Map(tag, n))
         frequent[n] = grams | f"Frequent{n}" >> beam.Filter(is_frequent, min_count)
-    all_frequent = ([frequent[n] | f"Tag{n}" >> beam.Map(tag, n) for n in frequent]
-                    | "AllFrequent" >> beam.Flatten())
+    # Selection input in compact arrays: ids in the frequent words' byte order, one array pair per length.
+    words_index = frequent_words | "FrequentWordList" >> beam.combiners.ToList() | "WordIndex" >> beam.Map(word_index)
+    levels = [(frequent[n]
+               | f"Batch{n}" >> beam.BatchElements(min_batch_size=1_000, max_batch_size=100_000)
+               | f"Ids{n}" >> beam.Map(gram_ids, beam.pvalue.AsSingleton(words_index))
+               | f"Level{n}" >> beam.CombineGlobally(ConcatenateLevel(n))) for n in range(2, max_n + 1)]
+    all_levels = levels | "AllLevels" >> beam.Flatten()
     selected = (pipeline
                 | "Start" >> beam.Create([None])
-                | "Select" >> beam.Map(select, options, list(files), frequent=beam.pvalue.AsList(all_frequent),
+                | "Select" >> beam.Map(select, options, list(files), words=beam.pvalue.AsSingleton(words_index),
+                                       levels=beam.pvalue.AsList(all_levels),
                                        counted=beam.pvalue.AsList(counted | "AllCounted" >> beam.Flatten()),
                                        totals=beam.pvalue.AsSingleton(totals),
                                        distinct_words=beam.pvalue.AsSingleton(distinct_words)))

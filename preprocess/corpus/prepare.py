@@ -1,22 +1,27 @@
 """`pmi-jax corpus prepare`: documents -> WordPiece ids, masking units, packed shards.
 
-The contract: docs/design.md, "Prepared corpus". The work is cut into shards, each an
-independent, deterministic job (tokenise, segment, pack, write) written under a temporary name
-and renamed; a rerun skips finished shards and rewrites missing or damaged ones; metadata.json
-is written last. Which document goes where depends only on the corpus, --validation-fraction,
---shards and --seed. Details: docs/design.md, "Module notes", prepare.py.
+The contract: docs/design.md, "Prepared corpus". Which shard a document goes to is a seeded hash
+of its text (`Assignment`), so whoever reads a document can route it: files are read in
+parallel, each document sent to its shard's list, and each shard then tokenised, segmented,
+packed and written as an independent job (under a temporary name, renamed when complete); a
+rerun writes only the missing shards; metadata.json is written last. Nothing reads the whole
+corpus before the shards' work starts, so Beam workers need only the file names and sizes.
+Details: docs/design.md, "Module notes", prepare.py.
 """
 from __future__ import annotations
 
-import bisect
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import multiprocessing
-from typing import Callable, Iterator, Sequence
+import os
+import pickle
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -26,8 +31,9 @@ from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
 from preprocess.corpus import segmentation, wordpiece
-from preprocess.corpus.output_state import (check_output_apart, claim_output, close_run, is_done,  # noqa: F401
-                                            progress_path, read_json, removed_unless_begun, write_json)
+from preprocess.corpus.output_state import (PROGRESS_DIR, check_output_apart, claim_output,  # noqa: F401
+                                            close_run, is_done, progress_path, read_json, removed_unless_begun,
+                                            write_json)
 from preprocess.text import documents, hf_tokenizer
 from preprocess.corpus.sequence_packing import SequencePacker
 from preprocess.text.words import split_words_ragged
@@ -36,10 +42,12 @@ log = logging.getLogger(__name__)
 
 MIN_SEQ_LEN = 8
 _BATCH_CHARS = 1_000_000         # documents are tokenised in batches of about this many characters
-_AUTO_SHARD_CHARS = 32 * 2**20   # --shards 0: one train shard per this many characters of text
+_AUTO_SHARD_BYTES = 32 * 2**20   # --shards 0: one train shard per this many bytes of input files
 _AUTO_MIN_SHARDS = 4
-_RESUME_EVERY_CHARS = 2**20      # a shard reads at most about this much text before its first document
+_SPILL_CHARS = 32 * 2**20        # local routing: a file's documents are spilled in chunks of this much text
+_ROUTE_BATCH = 1024              # documents hashed and assigned at a time
 _DEFAULT_WORDPIECE_SIZE = wordpiece_vocab.DEFAULT_SIZE
+CORPUS_JSON = "corpus.json"      # in .progress/: what reading the corpus found (metadata.json's "corpus")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,20 +70,15 @@ class PrepareConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class CorpusScan:
+class CorpusFiles:
+    """What the launcher knows of the corpus: file names and sizes, nothing read."""
     files: tuple[str, ...]
-    docs_per_file: tuple[int, ...]
-    chars: int
-    sha256: str
-    invalid_utf8_bytes: int = 0  # replaced by U+FFFD while reading (preprocess/text/documents.py)
+    sizes: tuple[int, ...]
     text_field: str = documents.DEFAULT_TEXT_FIELD
-    # Per file, (document index in the file, resume point) about every _RESUME_EVERY_CHARS of
-    # text: where a shard's read of the file starts (documents.read_documents_with_resume_points).
-    resume_points: tuple[tuple[tuple[int, tuple], ...], ...] = ()
 
     @property
-    def documents(self) -> int:
-        return sum(self.docs_per_file)
+    def bytes(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +86,45 @@ class ShardTask:
     split: str
     index: int
     num_shards: int
-    doc_indices: np.ndarray  # sorted global document indices
+    id: int  # position in Assignment.tasks(): train shards first, then validation
 
     @property
     def name(self) -> str:
         return prepared_corpus.shard_name(self.split, self.index, self.num_shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Which shard each document goes to: a function of its text, --seed, --validation-fraction
+    and the shard counts alone, so any worker that reads a document can route it.
+
+    A document's key is a 64-bit hash of its text (`documents.document_key`); from the key and the seed,
+    one splitmix64 draw puts it in `validation` with probability `validation_fraction`, a second
+    picks one of that split's shards uniformly. Equal documents share a key, so a duplicated
+    document never sits in both splits. Inside a shard, documents keep corpus order.
+    """
+    seed: int
+    validation_fraction: float
+    train_shards: int
+    validation_shards: int
+
+    def tasks(self) -> list[ShardTask]:
+        t, v = self.train_shards, self.validation_shards
+        return ([ShardTask("train", i, t, i) for i in range(t)]
+                + [ShardTask("validation", i, v, t + i) for i in range(v)])
+
+    def task_of(self, keys: np.ndarray) -> np.ndarray:
+        """int64 [D]: the `tasks()` index of each document key (uint64 [D])."""
+        mix, golden = segmentation.mix64, segmentation.GOLDEN
+        with np.errstate(over="ignore"):
+            h = mix((np.asarray(keys, np.uint64) ^ mix(np.uint64(self.seed % 2**64) + golden)) + golden)
+            split_draw = mix((h ^ np.uint64(0x5A11D)) + golden)
+            shard_draw = mix((h ^ np.uint64(0x54A2D)) + golden)
+            is_validation = ((split_draw >> np.uint64(11)).astype(np.float64) * 2.0**-53 < self.validation_fraction
+                             if self.validation_shards else np.zeros(len(h), bool))
+            n = np.where(is_validation, self.validation_shards, self.train_shards).astype(np.uint64)
+            shard = ((shard_draw >> np.uint64(32)) * n) >> np.uint64(32)  # uniform in [0, n): n < 2^32
+        return np.where(is_validation, self.train_shards, 0) + shard.astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,33 +135,87 @@ class WorkerContext:
     units: tuple[tuple[str, str], ...]
     seq_len: int
     seed: int
-    scan: CorpusScan
     tokenizer_json: str | None = None  # DIR/tokenizer.json where the ids come from `tokenizers`
 
 
 # ---------------------------------------------------------------------------------------------
 # Inputs: corpus, vocabularies, document assignment.
 
-def scan_corpus(files: Sequence[str], progress: bool = True,
-                text_field: str = documents.DEFAULT_TEXT_FIELD) -> CorpusScan:
-    """One pass over the corpus: documents per file, characters, a content hash, resume points."""
+def list_corpus(files: Sequence[str], text_field: str = documents.DEFAULT_TEXT_FIELD) -> CorpusFiles:
+    """File names and sizes (statted in parallel threads: one request each on gs://)."""
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        sizes = list(pool.map(lambda path: storage.gfile.stat(path).length, files))
+    return CorpusFiles(tuple(files), tuple(int(s) for s in sizes), text_field)
+
+
+def routed_documents(path: str, text_field: str, assignment: Assignment,
+                     stats: dict) -> Iterator[tuple[int, int, int, str]]:
+    """(task id, ordinal in the file, key, text) of every document of one file, in file order;
+    once the file is read, `stats` holds its documents, characters, sha256 and invalid UTF-8 bytes.
+
+    The one place a document is read for `corpus prepare`, on either runner.
+    """
     digest = hashlib.sha256()
-    counts, chars, points = [], 0, []
+    ordinal = chars = 0
     with documents.tally_replacements() as replaced:
-        for path in tqdm.tqdm(files, desc="scan", unit="file", disable=len(files) < 2 or not progress):
-            n, file_points, since = 0, [], _RESUME_EVERY_CHARS
-            for doc, resume in documents.read_documents_with_resume_points(path, text_field):
-                if resume is not None and since >= _RESUME_EVERY_CHARS and n:
-                    file_points.append((n, resume))
-                    since = 0
-                digest.update(doc.encode("utf-8") + b"\0")
+        batch: list[str] = []
+        keys: list[int] = []
+        docs = documents.read_documents(path, text_field)
+        while True:
+            for doc in docs:
+                encoded = doc.encode("utf-8")
+                digest.update(encoded + b"\0")
+                batch.append(doc)
+                keys.append(documents.document_key(encoded))
                 chars += len(doc)
-                since += len(doc)
-                n += 1
-            counts.append(n)
-            points.append(tuple(file_points))
-    return CorpusScan(tuple(files), tuple(counts), chars, digest.hexdigest(), sum(replaced.values()), text_field,
-                      tuple(points))
+                if len(batch) == _ROUTE_BATCH:
+                    break
+            if not batch:
+                break
+            tasks = assignment.task_of(np.array(keys, np.uint64)).tolist()
+            for task, key, doc in zip(tasks, keys, batch):
+                yield task, ordinal, key, doc
+                ordinal += 1
+            batch, keys = [], []
+    stats.update(documents=ordinal, chars=chars, sha256=digest.hexdigest(),
+                 invalid_utf8_bytes=sum(replaced.values()))
+
+
+def corpus_summary(file_stats: Iterable[tuple[int, dict]]) -> dict:
+    """metadata.json's "corpus" from each file's stats (`routed_documents`), in any order: the
+    sha256 is that of the files' sha256s (each of its documents, UTF-8, NUL-terminated) in file order."""
+    ordered = [stats for _, stats in sorted(file_stats, key=lambda fs: fs[0])]
+    digest = hashlib.sha256("".join(s["sha256"] for s in ordered).encode())
+    return {"files": len(ordered), "documents": sum(s["documents"] for s in ordered),
+            "sha256": digest.hexdigest(), "invalid_utf8_bytes": sum(s["invalid_utf8_bytes"] for s in ordered)}
+
+
+def in_shard_order(docs: Sequence[str], assignment: Assignment) -> dict[str, list[str]]:
+    """Each split's documents (given in corpus order) as its shards hold them, shard after shard:
+    what reading the split's files in order yields."""
+    task_of = assignment.task_of(np.array([documents.document_key(d.encode("utf-8")) for d in docs], np.uint64))
+    ordered: dict[str, list[str]] = {split: [] for split in prepared_corpus.SPLITS}
+    for task in assignment.tasks():
+        ordered[task.split] += [d for d, t in zip(docs, task_of.tolist()) if t == task.id]
+    return ordered
+
+
+def corpus_json_path(output: str) -> str:
+    return storage.join(output, PROGRESS_DIR, CORPUS_JSON)
+
+
+def record_corpus(output: str, summary: dict, inputs: Sequence[str]) -> dict:
+    """Keep what reading found in .progress/corpus.json; refuse a corpus that holds no documents,
+    and one whose text changed since an interrupted run of the same files wrote its shards."""
+    if summary["documents"] == 0:
+        raise UserInputError(f"--input {' '.join(inputs)}: the corpus holds no documents")
+    path = corpus_json_path(output)
+    before = read_json(path)
+    if before is not None and before.get("sha256") != summary["sha256"]:
+        raise UserInputError(f"--input {' '.join(inputs)}: the text changed since an interrupted run wrote shards "
+                             f"to {output} (same file sizes, other content); pass --overwrite to start again")
+    write_json(path, summary)
+    return summary
 
 
 def load_unit_vocabularies(units: Sequence[tuple[str, str]],
@@ -164,53 +255,27 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]],
     return loaded
 
 
-def assign_documents(num_docs: int, validation_fraction: float, seed: int) -> np.ndarray:
-    """bool [num_docs], True for the validation documents: a seeded choice of round(f * D)."""
-    is_validation = np.zeros(num_docs, dtype=bool)
-    count = int(round(validation_fraction * num_docs))
-    if validation_fraction > 0 and num_docs >= 2:
-        count = min(max(count, 1), num_docs - 1)  # both splits non-empty
-    else:
-        count = 0
-    rng = np.random.default_rng([seed, 0x5A11D])
-    is_validation[rng.choice(num_docs, size=count, replace=False)] = True
-    return is_validation
+def assignment_of(config: PrepareConfig, corpus: CorpusFiles) -> Assignment:
+    """Train shards: --shards, or one per 32 MiB of input files (at least 4); validation shards:
+    ceil(train shards * fraction). From file sizes only, so a shard may be empty on a tiny corpus."""
+    train = config.shards or max(_AUTO_MIN_SHARDS, math.ceil(corpus.bytes / _AUTO_SHARD_BYTES))
+    validation = math.ceil(train * config.validation_fraction)
+    return Assignment(config.seed, config.validation_fraction, train, validation)
 
 
-def shard_counts(config: PrepareConfig, scan: CorpusScan, is_validation: np.ndarray) -> dict[str, int]:
-    """Shards per split: --shards (or one per 32 MiB of text, at least 4) for train,
-    ceil(train shards * fraction) for validation; never more shards than documents."""
-    num_val = int(is_validation.sum())
-    num_train = len(is_validation) - num_val
-    train = config.shards or max(_AUTO_MIN_SHARDS, math.ceil(scan.chars / _AUTO_SHARD_CHARS))
-    validation = math.ceil(train * config.validation_fraction) if num_val else 0
-    return {"train": min(train, num_train), "validation": min(validation, num_val)}
-
-
-def shard_tasks(is_validation: np.ndarray, counts: dict[str, int]) -> list[ShardTask]:
-    tasks = []
-    for split, members in (("train", ~is_validation), ("validation", is_validation)):
-        indices = np.flatnonzero(members)
-        n = counts[split]
-        bounds = np.linspace(0, len(indices), n + 1).round().astype(np.int64) if n else []
-        for i in range(n):
-            tasks.append(ShardTask(split, i, n, indices[bounds[i]:bounds[i + 1]]))
-    return tasks
-
-
-def config_fingerprint(config: PrepareConfig, scan: CorpusScan, wordpiece_id: dict, units: dict,
-                       counts: dict[str, int]) -> str:
-    """sha256 of everything that determines the output bytes (not paths, not --workers)."""
+def config_fingerprint(config: PrepareConfig, corpus: CorpusFiles, wordpiece_id: dict, units: dict,
+                       assignment: Assignment) -> str:
+    """sha256 of everything that determines the output bytes (not paths, not --workers) that is
+    known before reading: the files' sizes stand for their text (record_corpus checks the text)."""
     determinants = {
         "format_version": prepared_corpus.FORMAT_VERSION,
-        "corpus_sha256": scan.sha256,
-        "documents": scan.documents,
+        "file_sizes": list(corpus.sizes),
         "wordpiece": wordpiece_id,
         "units": {name: u["sha256"] for name, u in units.items()},
         "seq_len": config.seq_len,
         "seed": config.seed,
         "validation_fraction": config.validation_fraction,
-        "shards": counts,
+        "shards": {"train": assignment.train_shards, "validation": assignment.validation_shards},
     }
     return hashlib.sha256(json.dumps(determinants, sort_keys=True).encode()).hexdigest()
 
@@ -233,42 +298,17 @@ def check_config(config: PrepareConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 # One shard.
 
-def shard_documents(scan: CorpusScan, doc_indices: np.ndarray) -> Iterator[tuple[int, str]]:
-    """(global index, text) of the given documents, reading only the files that hold them, each
-    from the last resume point before its first wanted document (so that the shards of one big
-    file do not each read it from its start)."""
-    if not len(doc_indices):
-        return
-    first_of_file = np.concatenate([[0], np.cumsum(scan.docs_per_file)])
-    wanted = set(doc_indices.tolist())
-    lo, hi = int(doc_indices[0]), int(doc_indices[-1])
-    for f, path in enumerate(scan.files):
-        if first_of_file[f + 1] <= lo or first_of_file[f] > hi:
-            continue
-        first, start = 0, None
-        points = scan.resume_points[f] if scan.resume_points else ()
-        k = bisect.bisect_right([n for n, _ in points], lo - int(first_of_file[f])) - 1
-        if k >= 0:
-            first, start = points[k]
-        for i, doc in enumerate(documents.read_documents(path, scan.text_field, start),
-                                start=int(first_of_file[f]) + first):
-            if i > hi:
-                break
-            if i in wanted:
-                yield i, doc
-
-
-def _batches(docs: Iterator[tuple[int, str]]) -> Iterator[tuple[np.ndarray, list[str]]]:
-    indices, texts, size = [], [], 0
-    for i, text in docs:
-        indices.append(i)
+def _batches(docs: Iterable[tuple[int, str]]) -> Iterator[tuple[np.ndarray, list[str]]]:
+    keys, texts, size = [], [], 0
+    for key, text in docs:
+        keys.append(key)
         texts.append(text)
         size += len(text)
         if size >= _BATCH_CHARS:
-            yield np.array(indices, np.int64), texts
-            indices, texts, size = [], [], 0
+            yield np.array(keys, np.uint64), texts
+            keys, texts, size = [], [], 0
     if texts:
-        yield np.array(indices, np.int64), texts
+        yield np.array(keys, np.uint64), texts
 
 
 class ShardWriter:
@@ -283,11 +323,11 @@ class ShardWriter:
         else:
             self.encoder = wordpiece.WordPieceEncoder(context.vocab_txt)
         self.matchers = {name: segmentation.NgramMatcher(_load_ngrams(source)) for name, source in context.units}
-        self.words = 0  # words split off by `sequences` since the last `write` began
+        self.words = self.documents = 0  # split off by `sequences` since the last `write` began
 
-    def sequences(self, docs: Iterator[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
-        """Packed sequences of the documents, in order."""
-        for doc_indices, texts in _batches(docs):
+    def sequences(self, docs: Iterable[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
+        """Packed sequences of the (key, text) documents, in order; a key seeds its document's units."""
+        for doc_keys, texts in _batches(docs):
             if isinstance(self.encoder, hf_tokenizer.HFTokenizer):
                 words, doc_word_splits, ids, word_token_splits = self.encoder.encode(texts)
                 flat_words = tf.constant(words, tf.string)
@@ -297,33 +337,35 @@ class ShardWriter:
                 ids, word_token_splits = self.encoder.encode_words(flat_words)
             pieces_per_word = np.diff(word_token_splits)
             self.words += len(pieces_per_word)
+            self.documents += len(texts)
             word_start = np.zeros(len(ids), dtype=bool)
             word_start[word_token_splits[:-1][pieces_per_word > 0]] = True
             unit_start = {}
             for name, matcher in self.matchers.items():
-                starts_w = segmentation.unit_starts(matcher, flat_words, doc_word_splits, doc_indices,
+                starts_w = segmentation.unit_starts(matcher, flat_words, doc_word_splits, doc_keys,
                                                     self.context.seed)
                 unit_start[name] = np.repeat(starts_w, pieces_per_word) & word_start
             yield from packer.add(ids, word_start, unit_start, word_token_splits[doc_word_splits])
         yield from packer.finish()
 
-    def write(self, task: ShardTask) -> dict:
-        """Write one shard (atomically, stats first) and return its stats."""
+    def write(self, task: ShardTask, docs: Iterable[tuple[int, str]]) -> dict:
+        """Write one shard of the (key, text) documents (atomically, stats first); return its stats."""
         ctx = self.context
         packer = SequencePacker(ctx.seq_len, self.special["cls"], self.special["sep"], [n for n, _ in ctx.units])
         path = storage.join(ctx.output, task.name)
         tmp = storage.temporary_sibling(path)
         encode = prepared_corpus.ExampleEncoder(prepared_corpus.feature_names(packer.unit_names))
-        stats = {"sequences": 0, "tokens": 0, "documents": int(len(task.doc_indices))}
-        self.words = 0
+        stats = {"sequences": 0, "tokens": 0}
+        self.words = self.documents = 0
         token_counts = np.zeros(len(self.tokens), np.int64)
         try:
             with tf.io.TFRecordWriter(tmp) as writer:
-                for features in self.sequences(shard_documents(ctx.scan, task.doc_indices), packer):
+                for features in self.sequences(docs, packer):
                     writer.write(encode(features))
                     stats["sequences"] += 1
                     stats["tokens"] += len(features[prepared_corpus.INPUT_IDS])
                     token_counts += prepared_corpus.content_token_counts(features, len(self.tokens))
+            stats["documents"] = self.documents
             stats["content_tokens"] = packer.tokens
             stats[prepared_corpus.TOKEN_COUNTS] = token_counts.tolist()
             stats["words"] = self.words
@@ -344,6 +386,59 @@ def _load_ngrams(source: str) -> list[tuple[str, ...]]:
     return [tuple(g) for g in load_ngrams(source)]
 
 
+# ---------------------------------------------------------------------------------------------
+# The local runner: route every file's documents to spill chunks, then write the shards.
+
+@dataclasses.dataclass(frozen=True)
+class _RouteJob:
+    index: int  # of the file
+    path: str
+    text_field: str
+    assignment: Assignment
+    todo: frozenset[int]  # task ids still to write
+    scratch: str
+
+
+def _route_file(job: _RouteJob) -> tuple[int, dict, list[tuple[str, dict[int, tuple[int, int]]]]]:
+    """Spill one file's documents of unwritten shards as chunks of about _SPILL_CHARS characters,
+    each a data file of one pickled [(key, text), ...] per task, and return (file, stats,
+    [(chunk, {task: (offset, length)})])."""
+    stats: dict = {}
+    chunks: list[tuple[str, dict[int, tuple[int, int]]]] = []
+    held: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    size = 0
+
+    def spill() -> None:
+        path = os.path.join(job.scratch, f"{job.index:06d}-{len(chunks):05d}.spill")
+        ranges, offset = {}, 0
+        with open(path, "wb") as f:
+            for task in sorted(held):
+                data = pickle.dumps(held[task], protocol=pickle.HIGHEST_PROTOCOL)
+                f.write(data)
+                ranges[task] = (offset, len(data))
+                offset += len(data)
+        chunks.append((path, ranges))
+        held.clear()
+
+    for task, _, key, text in routed_documents(job.path, job.text_field, job.assignment, stats):
+        if task in job.todo:
+            held[task].append((key, text))
+            size += len(text)
+            if size >= _SPILL_CHARS:
+                spill()
+                size = 0
+    if held:
+        spill()
+    return job.index, stats, chunks
+
+
+def _spilled(pieces: Sequence[tuple[str, int, int]]) -> Iterator[tuple[int, str]]:
+    for path, offset, length in pieces:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            yield from pickle.loads(f.read(length))
+
+
 _WORKER: ShardWriter | None = None
 
 
@@ -352,38 +447,79 @@ def _init_worker(context: WorkerContext) -> None:
     _WORKER = ShardWriter(context)
 
 
-def _write_in_worker(task: ShardTask) -> tuple[ShardTask, dict]:
-    return task, _WORKER.write(task)
+def _write_in_worker(job: tuple[ShardTask, list]) -> tuple[ShardTask, dict]:
+    task, pieces = job
+    return task, _WORKER.write(task, _spilled(pieces))
 
 
-def _run_tasks(context: WorkerContext, tasks: list[ShardTask], workers: int,
-               on_shard_done: Callable[[ShardTask], None] | None, progress: bool = True) -> None:
-    bar = tqdm.tqdm(total=len(tasks), desc="shards", unit="shard", disable=not progress)
-    if workers == 1 or len(tasks) <= 1:
-        writer = ShardWriter(context)
-        results = ((task, writer.write(task)) for task in tasks)
-        pool = None
-    else:
-        pool = multiprocessing.get_context("spawn").Pool(min(workers, len(tasks)), _init_worker, (context,))
-        results = pool.imap_unordered(_write_in_worker, tasks)
-    try:
-        for task, _ in results:
+def _pool(workers: int, jobs: int, initializer=None, args=()):
+    if workers == 1 or jobs <= 1:
+        return None
+    return multiprocessing.get_context("spawn").Pool(min(workers, jobs), initializer, args)
+
+
+def _imap(pool, fn: Callable, jobs: list, ordered: bool = True) -> Iterator:
+    if pool is None:
+        return map(fn, jobs)
+    return pool.imap(fn, jobs) if ordered else pool.imap_unordered(fn, jobs)
+
+
+def _closing(pool):
+    """Close a pool after its work, or stop its workers after an error."""
+    @contextlib.contextmanager
+    def managed():
+        try:
+            yield pool
+            if pool is not None:
+                pool.close()
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+    return managed()
+
+
+def _route(plan: "PreparePlan", scratch: str) -> dict[int, list[tuple[str, int, int]]]:
+    """Read every file (in `--workers` processes), record the corpus's stats, and return each
+    unwritten shard's spilled pieces in corpus order."""
+    c, todo = plan.config, frozenset(t.id for t in plan.todo)
+    if not todo and read_json(corpus_json_path(c.output)) is not None:
+        return {}  # killed after its last shard, before metadata.json
+    jobs = [_RouteJob(f, path, plan.corpus.text_field, plan.assignment, todo, scratch)
+            for f, path in enumerate(plan.corpus.files)]
+    pieces: dict[int, list[tuple[str, int, int]]] = {t.id: [] for t in plan.todo}
+    file_stats = []
+    bar = tqdm.tqdm(total=len(jobs), desc="read", unit="file", disable=not c.progress or len(jobs) < 2)
+    with bar, _closing(_pool(c.workers, len(jobs))) as pool:
+        for f, stats, chunks in _imap(pool, _route_file, jobs):  # in file order: pieces stay in corpus order
+            file_stats.append((f, stats))
+            for path, ranges in chunks:
+                for task, (offset, length) in ranges.items():
+                    pieces[task].append((path, offset, length))
+            bar.update(1)
+    record_corpus(c.output, corpus_summary(file_stats), c.inputs)
+    return pieces
+
+
+def _write_shards(plan: "PreparePlan", pieces: dict[int, list], on_shard_done: Callable[[ShardTask], None] | None
+                  ) -> None:
+    c = plan.config
+    jobs = [(task, pieces[task.id]) for task in plan.todo]
+    context = plan.worker_context()
+    bar = tqdm.tqdm(total=len(jobs), desc="shards", unit="shard", disable=not c.progress)
+    with bar, _closing(_pool(c.workers, len(jobs), _init_worker, (context,))) as pool:
+        if pool is None and jobs:
+            _init_worker(context)
+        for task, _ in _imap(pool, _write_in_worker, jobs, ordered=False):
             bar.update(1)
             if on_shard_done is not None:
                 on_shard_done(task)
-        if pool is not None:
-            pool.close()
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.terminate()  # after close(): waits for nothing; after an error: stops the workers
-            pool.join()
 
 
 # ---------------------------------------------------------------------------------------------
 # The whole run.
 
-def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str] | None) -> list[str]:
+def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[str] | None) -> list[str]:
     """Write DIR/vocab.txt (the given vocabulary, or one trained on the corpus) and return its tokens.
 
     Called on a claimed directory, so a vocab.txt found there was trained by an interrupted run
@@ -397,7 +533,7 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
         from preprocess.vocab.word_stream import count_words  # the vocabulary build's threaded reader: same counts
 
-        counts = collections.Counter(count_words(scan.files, config.workers, scan.text_field, config.progress,
+        counts = collections.Counter(count_words(corpus.files, config.workers, corpus.text_field, config.progress,
                                                  _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size, config.workers)
     wordpiece_vocab.write_vocab(target, tokens)
@@ -408,11 +544,11 @@ def _install_wordpiece(config: PrepareConfig, scan: CorpusScan, given: list[str]
 class PreparePlan:
     """What a run must do, decided before any shard is written; shared by the local and Beam runners."""
     config: PrepareConfig
-    scan: CorpusScan
+    corpus: CorpusFiles
     given_wordpiece: list[str] | None  # None: train one on the corpus
     units: dict
     fingerprint: str
-    shard_counts: dict[str, int]  # shards per split
+    assignment: Assignment
     tasks: list[ShardTask]  # every shard of the output
     todo: list[ShardTask]   # those not yet written (all of them, unless resuming)
     tokenizer: hf_tokenizer.HFTokenizer | None = None  # --tokenizer (not an uncased vocab.txt)
@@ -424,7 +560,7 @@ class PreparePlan:
     def worker_context(self) -> WorkerContext:
         c = self.config
         tokenizer_json = prepared_corpus.tokenizer_path(c.output) if self.tokenizer is not None else None
-        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, self.scan, tokenizer_json)
+        return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, tokenizer_json)
 
     def install_given(self) -> None:
         """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
@@ -451,33 +587,31 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     else:
         given = wordpiece_vocab.load_vocab(given_path) if given_path is not None else None
     units = load_unit_vocabularies(config.units, tokenizer)
-    scan = scan_corpus(files, config.progress, config.text_field)
-    if scan.documents == 0:
-        raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus holds no documents")
-    is_validation = assign_documents(scan.documents, config.validation_fraction, config.seed)
-    counts = shard_counts(config, scan, is_validation)
+    corpus = list_corpus(files, config.text_field)
+    assignment = assignment_of(config, corpus)
     wordpiece_id = ({"sha256": wordpiece_vocab.vocab_sha256(given)} if given is not None
                     else {"trained_size": config.wordpiece_size})
     if tokenizer is not None:
         wordpiece_id["tokenizer_sha256"] = tokenizer.sha256
-    fingerprint = config_fingerprint(config, scan, wordpiece_id, units, counts)
+    fingerprint = config_fingerprint(config, corpus, wordpiece_id, units, assignment)
 
     done = claim_output(config.output, fingerprint, config.overwrite)
     if done is not None:
         log.info("%s: already prepared with this configuration", config.output)
         return done
-    tasks = shard_tasks(is_validation, counts)
+    tasks = assignment.tasks()
     todo = [t for t in tasks if not is_done(config.output, t)]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
-    return PreparePlan(config, scan, given, units, fingerprint, counts, tasks, todo, tokenizer)
+    return PreparePlan(config, corpus, given, units, fingerprint, assignment, tasks, todo, tokenizer)
 
 
 def finish_prepare(plan: PreparePlan) -> dict:
     """Once every shard is written: metadata.json last (it marks the directory complete), then tidy up."""
     output = plan.config.output
     tokens = wordpiece_vocab.load_vocab(plan.vocab_txt)
-    metadata = _metadata(plan.config, plan.scan, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
+    corpus = read_json(corpus_json_path(output))
+    metadata = _metadata(plan.config, corpus, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
     if plan.tokenizer is not None:
         metadata["tokenizer"] = {"path": prepared_corpus.TOKENIZER_FILE, "source": plan.tokenizer.source,
@@ -494,15 +628,17 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         plan = plan_prepare(config)
         if not isinstance(plan, PreparePlan):
             return plan
-        if plan.given_wordpiece is not None:
-            plan.install_given()
-        else:
-            _install_wordpiece(config, plan.scan, None)
-        _run_tasks(plan.worker_context(), plan.todo, config.workers, on_shard_done, config.progress)
+        with storage.scratch_directory(config.output) as scratch:
+            pieces = _route(plan, scratch)  # first: an empty corpus is refused before any file is written
+            if plan.given_wordpiece is not None:
+                plan.install_given()
+            else:
+                _install_wordpiece(config, plan.corpus, None)
+            _write_shards(plan, pieces, on_shard_done)
         return finish_prepare(plan)
 
 
-def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], trained: bool, units: dict,
+def _metadata(config: PrepareConfig, corpus: dict, tokens: list[str], trained: bool, units: dict,
               tasks: list[ShardTask], fingerprint: str) -> dict:
     splits = {split: {"shards": 0, "sequences": 0, "tokens": 0, "content_tokens": 0, "documents": 0, "files": []}
               for split in prepared_corpus.SPLITS}
@@ -551,8 +687,7 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
                   for name, u in units.items()},
         "splits": splits,
         "shards": shards,
-        "corpus": {"files": len(scan.files), "documents": scan.documents, "sha256": scan.sha256,
-                   "invalid_utf8_bytes": scan.invalid_utf8_bytes},
+        "corpus": corpus,
         "config_fingerprint": fingerprint,
         **({"tokens_per_word": content / words} if counted and words else {}),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gzip
+import hashlib
 import io
 import json
 import zlib
@@ -332,6 +333,12 @@ def read_documents(path: str, text_field: str = DEFAULT_TEXT_FIELD, start: tuple
     """Yield the non-empty documents of one file, in file order (`text_field`: JSON lines, Parquet,
     Arrow), from the resume point `start` (read_documents_with_resume_points) if given."""
     return _read(path, text_field, start, points=False)
+
+
+def document_key(encoded: bytes) -> int:
+    """A document's identity, a 64-bit BLAKE2b hash of its UTF-8 text: equal texts share it. It
+    routes the document to its shard in `corpus prepare` and draws its place in a sample."""
+    return int.from_bytes(hashlib.blake2b(encoded, digest_size=8).digest(), "little")
 
 
 def iter_documents(files: Iterable[str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:

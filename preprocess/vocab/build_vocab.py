@@ -21,6 +21,7 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
+from preprocess.text import documents
 from preprocess.vocab import measures
 from preprocess.vocab import vocab_selection
 
@@ -43,6 +44,8 @@ class VocabOptions:
     text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/text/documents.py)
     tokenizer: str | None = None  # words as this tokenizer.json (or cased vocab.txt) splits them (hf_tokenizer)
     cased: bool = False  # a --tokenizer vocab.txt is cased BERT
+    sample_words: int = 0  # > 0: build from a seeded document sample of about this many words (preprocess/text/sample.py)
+    sample_seed: int = 0
 
     def validated(self) -> "VocabOptions":
         """These options with defaults filled in; UserInputError naming the first bad option."""
@@ -65,6 +68,8 @@ class VocabOptions:
             raise UserInputError(f"--workers {self.workers}: must be at least 1 (or 0: every core)")
         if self.memory_mb < 1:
             raise UserInputError(f"--memory-mb {self.memory_mb}: must be at least 1")
+        if self.sample_words < 0:
+            raise UserInputError(f"--sample-words {self.sample_words}: must be positive (or 0: the whole corpus)")
         if self.tmp_dir is not None and not os.path.isdir(self.tmp_dir):
             raise UserInputError(f"--tmp-dir {self.tmp_dir}: not a local directory")
         return dataclasses.replace(self, shares=tuple(float(s) for s in shares),
@@ -97,8 +102,11 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     tokenizer = hf_tokenizer.select(options.tokenizer, options.cased)
     budget = memory_budget_bytes if memory_budget_bytes is not None else options.memory_mb << 20
     with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
-        stream = tokenise_corpus(files, work_dir, options.max_n, options.workers, progress,
-                                 text_field=options.text_field, tokenizer=tokenizer)
+        read, text_field = files, options.text_field
+        if options.sample_words:
+            read, text_field = [_write_sample(files, options, work_dir)], documents.DEFAULT_TEXT_FIELD
+        stream = tokenise_corpus(read, work_dir, options.max_n, options.workers, progress,
+                                 text_field=text_field, tokenizer=tokenizer)
         if stream.num_words == 0:
             raise UserInputError(
                 f"--input {' '.join(inputs)}: no words in {len(files)} file(s): {', '.join(files[:3])}")
@@ -121,6 +129,19 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     except FileExistsError:  # created by someone else while we counted
         raise storage.existing_output_error(output)
     return stats
+
+
+def _write_sample(files: Sequence[str], options: VocabOptions, work_dir: str) -> str:
+    """--sample-words: the sampled documents, in corpus order, as JSON lines in the scratch directory."""
+    import json
+
+    from preprocess.text import sample
+
+    path = os.path.join(work_dir, "sample.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for batch in sample.sampled_batches(files, options.sample_words, options.sample_seed, options.text_field):
+            f.writelines(json.dumps({documents.DEFAULT_TEXT_FIELD: doc}) + "\n" for doc in batch)
+    return path
 
 
 @dataclasses.dataclass
@@ -284,6 +305,8 @@ def vocabulary_stats(files, table, selection, coverage, options: VocabOptions, e
         "elapsed_seconds": round(elapsed, 3),
         "invalid_utf8_bytes": invalid_utf8_bytes,  # replaced by U+FFFD while reading (preprocess/text/documents.py)
     }
+    if options.sample_words:  # documents, words and coverage above are the sample's
+        stats["sample"] = {"words": options.sample_words, "seed": options.sample_seed}
     if tokenizer is not None:  # absent: BERT's uncased words (preprocess/text/words.py)
         stats["tokenizer"] = tokenizer_record(tokenizer)
     return stats

@@ -1,0 +1,60 @@
+"""Bytes per frequent n-gram in the Beam vocabulary build's selection step, before and after
+issue 35's compact arrays (preprocess/beam/beam_vocab.py).
+
+    .venv/bin/python benchmarks/beam_selection_memory.py [--grams 1000000]
+
+Before, every frequent n-gram reached the one selecting worker as a side-input element
+(n, (tuple of word bytes, count)), each word its own bytes object (side inputs are decoded
+element by element); now as a row of word ids (int32) and a count (int64) in one array pair per
+length. tracemalloc measures both as that worker holds them, for real words of the demo corpus
+drawn into random n-grams; then the peak of `counts_table` building the local table from arrays.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import pickle
+import sys
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from preprocess.beam import beam_vocab  # noqa: E402
+from preprocess.text.demo_corpus import iter_demo_documents  # noqa: E402
+from preprocess.text.words import split_words_flat  # noqa: E402
+
+
+def measure(build) -> tuple[int, object]:
+    tracemalloc.start()
+    value = build()
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grams", type=int, default=1_000_000, help="frequent n-grams per length")
+    args = parser.parse_args()
+    flat, _ = split_words_flat(list(itertools.islice(iter_demo_documents(), 3000)))
+    vocabulary = sorted(set(flat))
+    rng = np.random.default_rng(0)
+    words = beam_vocab.word_index([(w, 20) for w in vocabulary])
+    print(f"{len(vocabulary):,} distinct words, {args.grams:,} n-grams per length")
+    print("| n | before: tuples, bytes per n-gram | after: arrays, bytes per n-gram |")
+    print("| --- | --- | --- |")
+    for n in (2, 3, 4, 5):
+        picks = rng.integers(0, len(vocabulary), size=(args.grams, n))
+        grams = [(tuple(vocabulary[i] for i in row), 20 + k % 7) for k, row in enumerate(picks.tolist())]
+        wire = [pickle.dumps((n, g)) for g in grams]  # a side input decodes element by element: fresh objects
+        old, _ = measure(lambda: [pickle.loads(w) for w in wire])
+        new, _ = measure(lambda: beam_vocab.ConcatenateLevel(n).extract_output(
+            [beam_vocab.gram_ids(grams[i:i + 100_000], words) for i in range(0, len(grams), 100_000)]))
+        print(f"| {n} | {old / args.grams:.0f} | {new / args.grams:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
