@@ -211,6 +211,22 @@ class DataConfig:
         return max(self.mask_rate, end, self.eval_mask_rate)
 
 
+# What a resumed run keeps unless `train --allow-changed SETTING` says otherwise: a run whose
+# masks, data or initialisation change midway is not the run its name and metadata describe
+# (the model itself is checked apart, and never changes: pmi_jax.checkpoints.plan_resume).
+RESUMED_SETTINGS = ("data.scheme", "data.mask_rate", "data.mask_rate_schedule", "data.mask_rate_end",
+                    "data.eval_mask_rate", "data.seed", "data.data_dir", "train.seed")
+
+
+def check_resumed_settings(names, option: str = "--allow-changed") -> tuple[str, ...]:
+    """The settings a resumed run may change, each one of RESUMED_SETTINGS."""
+    for name in names:
+        if name not in RESUMED_SETTINGS:
+            raise UserInputError(f"{option} {name}: not a setting a resumed run keeps; one of "
+                                 f"{', '.join(RESUMED_SETTINGS)}")
+    return tuple(dict.fromkeys(names))
+
+
 def check_scheme(scheme: str, source: str) -> None:
     """The one check of a scheme name; `source` names where the value came from."""
     if scheme not in SCHEMES:

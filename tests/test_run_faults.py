@@ -450,12 +450,55 @@ def test_compare_falls_back_when_the_newest_metadata_is_missing(run_copy, tmp_pa
     assert (tmp_path / "report" / "report.md").exists()
 
 
-def test_resuming_on_another_corpus_with_the_same_vocabulary_is_a_warning(run_copy, corpus, tmp_path, caplog):
+@pytest.mark.parametrize("change, given, setting, before, now", [
+    (["--scheme", "random_token"], [], "data.scheme", "'whole_word'", "'random_token'"),
+    ([], ["data.mask_rate=0.3"], "data.mask_rate", "0.15", "0.3"),
+    ([], ["data.mask_rate_schedule=linear"], "data.mask_rate_schedule", "'constant'", "'linear'"),
+    ([], ["data.seed=1"], "data.seed", "0", "1"),
+    ([], ["train.seed=7"], "train.seed", "0", "7"),
+])
+def test_a_resumed_run_keeps_its_settings(run_copy, corpus, capsys, change, given, setting, before, now):
+    """Issue 33 cases 4-5: another scheme, rate, schedule or seed is one line naming the setting
+    and both values, and nothing in the run changes."""
+    digest = _tree_digest(run_copy)
+    argv = _train_args(corpus, run_copy, "train.num_steps=3", *given)
+    if change:
+        argv[argv.index("whole_word")] = change[1]
+    _one_line_error(capsys, main(argv), f"--workdir {run_copy}: checkpoint step 2 was trained with {setting}="
+                    f"{before}, this run gives {now}; resume with the run's own setting, or pass --allow-changed "
+                    f"{setting} to change it from step 2 (recorded in the run)")
+    assert _tree_digest(run_copy) == digest
+
+
+def test_resuming_on_another_corpus_is_refused_unless_allowed(run_copy, corpus, tmp_path, capsys):
     other = tmp_path / "other corpus"
     shutil.copytree(corpus, other)
-    assert main(_train_args(other, run_copy, "train.num_steps=3")) == 0
-    assert (f"checkpoint step 2 was trained on the corpus {corpus}; this run continues on {other} (same "
-            "vocabulary)") in caplog.text
+    digest = _tree_digest(run_copy)
+    _one_line_error(capsys, main(_train_args(other, run_copy, "train.num_steps=3")),
+                    f"was trained with data.data_dir='{corpus}', this run gives '{other}'")
+    assert _tree_digest(run_copy) == digest
+    assert main(_train_args(other, run_copy, "train.num_steps=3") + ["--allow-changed", "data.data_dir"]) == 0
+
+
+def test_an_allowed_change_is_recorded_with_its_step_and_compare_flags_it(run_copy, corpus, tmp_path, capsys):
+    from pmi_jax.compare.runs import read_run
+
+    _one_line_error(capsys, main(_train_args(corpus, run_copy, "train.num_steps=3") + ["--allow-changed", "rate"]),
+                    "--allow-changed rate: not a setting a resumed run keeps; one of data.scheme, data.mask_rate")
+    argv = _train_args(corpus, run_copy, "train.num_steps=4", "data.mask_rate=0.3")
+    assert main(argv + ["--allow-changed", "data.mask_rate"]) == 0
+    change = {"setting": "data.mask_rate", "from": 0.15, "to": 0.3, "step": 2}
+    assert read_run(str(run_copy)).changes == (change,)
+    metadata = json.loads((run_copy / "checkpoints" / "3" / "metadata" / "metadata").read_text())
+    assert metadata["changes"] == [change] and metadata["config"]["data"]["mask_rate"] == 0.3
+    # Resumed again with the new rate: no new change, the record is kept.
+    assert main(_train_args(corpus, run_copy, "train.num_steps=5", "data.mask_rate=0.3")) == 0
+    assert read_run(str(run_copy)).changes == (change,)
+    capsys.readouterr()
+    report_dir = tmp_path / "report"
+    assert main(["compare", str(run_copy), "--output", str(report_dir)]) == 0
+    assert ("run (whole_word): data.mask_rate changed from 0.15 to 0.3 at step 2 (resumed with --allow-changed)"
+            in (report_dir / "report.md").read_text())
 
 
 def test_a_workdir_that_cannot_be_written_is_one_line(corpus, tmp_path, capsys):
