@@ -256,6 +256,49 @@ def test_a_config_file_that_does_not_run_is_one_line(corpus, tmp_path, capsys, s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py"]
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_rate_that_is_not_a_finite_number_is_one_line(corpus, tmp_path, capsys, value):
+    """Issue 33 case 9: every float flag of every command is checked in one place (cli/io_flags.py)."""
+    for argv, option in ((["data", "show", "--data", str(corpus), "--scheme", "whole_word", "--mask-rate", value],
+                          "--mask-rate"),
+                         (["data", "dump", "--data", str(corpus), "--scheme", "whole_word", "--num", "1",
+                           "--mask-rate", value, "--output", str(tmp_path / "d.jsonl")], "--mask-rate"),
+                         (["corpus", "prepare", "--input", str(corpus / "vocab.txt"), "--output",
+                           str(tmp_path / "c"), "--validation-fraction", value], "--validation-fraction"),
+                         (["vocab", "build", "--input", str(corpus / "vocab.txt"), "--output", str(tmp_path / "v"),
+                           "--shares", f"0.5,{value}"], "--shares")):
+        _one_line_error(capsys, main(argv), f"{option} {float(value)}: not a finite number")
+    _one_line_error(capsys, main(_train_args(corpus, tmp_path / "w", "data.mask_rate=1e999")), "not a finite number")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_compare_split_names_the_splits_the_runs_were_scored_on(run, tmp_path, capsys):
+    """Issue 33 case 10."""
+    before = _tree_digest(run)
+    _one_line_error(capsys, main(["compare", str(run), "--output", str(tmp_path / "r"), "--split", "train"]),
+                    "--split train: no run was scored on it (`eval perplexity --split train`); scored splits: "
+                    "validation")
+    _one_line_error(capsys, main(["compare", str(run), "--output", str(tmp_path / "r"), "--split", "../x"]),
+                    "--split ../x: a corpus split, one of train, validation")
+    assert _tree_digest(run) == before and not (tmp_path / "r").exists()
+
+
+def test_a_bad_hf_model_is_named_by_the_option_given(tmp_path, capsys):
+    """Issue 33 case 14: the message names --hf-model, the flag the user typed, not --init-from."""
+    bad = tmp_path / "bert"
+    bad.mkdir()
+    argv = ["eval", "finetune", "--hf-model", str(bad), "--task", "glue/rte", "--data", str(tmp_path / "glue"),
+            "--output", str(tmp_path / "out")]
+    message = _one_line_error(capsys, main(argv), f"--hf-model {bad}: no config.json")
+    assert "--init-from" not in message
+    (bad / "config.json").write_text(json.dumps({"vocab_size": 5, "hidden_size": 8, "num_hidden_layers": 1,
+                                                 "num_attention_heads": 2, "intermediate_size": 16,
+                                                 "max_position_embeddings": 16}))
+    (bad / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    message = _one_line_error(capsys, main(argv), f"--hf-model {bad}: no model.safetensors")
+    assert "--init-from" not in message and not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Signals reach the trainer, whichever of the command's processes receives them.
 

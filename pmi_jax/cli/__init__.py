@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        io_flags.check_apart(args)  # before the command reads or writes anything
+        io_flags.check_finite(args)  # before the command reads or writes anything
+        io_flags.check_apart(args)
         status = args.func(args)
     except UserInputError as e:
         print(f"pmi-jax {args.command}: error: {e}", file=sys.stderr)

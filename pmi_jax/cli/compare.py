@@ -50,7 +50,11 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pmi_jax.cli import quiet
     from pmi_jax.compare.write import write_report
+    from pmi_jax.errors import UserInputError
+    from pmi_jax.formats.prepared_corpus import SPLITS
 
+    if args.split is not None and args.split not in SPLITS:
+        raise UserInputError(f"--split {args.split}: a corpus split, one of {', '.join(SPLITS)}")
     quiet.quiet_checkpoint_reads()
     written = write_report(args.runs, args.output, released=args.released, split=args.split,
                            overwrite=args.overwrite)

@@ -161,7 +161,7 @@ def _parse_list(text: str, kind, option: str) -> list:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserInputError(f"{option} {text!r}: expected comma-separated numbers") from None
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not v > 0 or v == float("inf") for v in values):
         raise UserInputError(f"{option} {text!r}: expected positive numbers")
     return values
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 from typing import Iterator
 
@@ -75,10 +76,21 @@ def leaf_parsers(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[
 
 
 def declare(parser: argparse.ArgumentParser) -> None:
-    """Give every command's parsed arguments the list of its marked flags (for `check_apart`)."""
+    """Give every command's parsed arguments the list of its marked flags (for `check_apart`) and
+    the option of each destination (for `check_finite`)."""
     for _, leaf in leaf_parsers(parser):
         marked = tuple((a.dest, option_name(a), getattr(a, ROLE)) for a in leaf._actions if hasattr(a, ROLE))
-        leaf.set_defaults(io_flags=marked)
+        leaf.set_defaults(io_flags=marked, io_options={a.dest: option_name(a) for a in leaf._actions})
+
+
+def check_finite(args: argparse.Namespace) -> None:
+    """No number a command is given is NaN or infinite, whichever flag takes it (a rate, a
+    fraction, a threshold, --shares): float('nan') parses, and compares False with every bound."""
+    for dest, option in getattr(args, "io_options", {}).items():
+        value = getattr(args, dest, None)
+        for number in value if isinstance(value, (tuple, list)) else [value]:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise UserInputError(f"{option} {number}: not a finite number")
 
 
 def _values(value) -> list[str]:

@@ -55,8 +55,12 @@ class CheckpointMetadata:
     changes: tuple = ()
 
     def to_json(self) -> dict:
-        """The dict Orbax writes (keys in field order, as every version has written them)."""
-        return dataclasses.asdict(self)
+        """The dict Orbax writes (keys in field order, as every version has written them; `changes`
+        only where there are some, so that an unchanged run's metadata is byte-identical)."""
+        record = dataclasses.asdict(self)
+        if not self.changes:
+            del record["changes"]
+        return record
 
     @classmethod
     def from_json(cls, record: dict) -> "CheckpointMetadata":
