@@ -61,8 +61,10 @@ def drop_states(workdir: str) -> None:
 class Checkpointer:
     """Saves every `every_steps` (plus forced saves at the end and on SIGTERM), keeps `keep`."""
 
-    def __init__(self, workdir: str, config: CheckpointConfig, *, read_only: bool = False):
+    def __init__(self, workdir: str, config: CheckpointConfig, *, read_only: bool = False, changes: tuple = ()):
+        """`changes`: the run's changed settings (`resumed_changes`), written into every metadata saved."""
         _no_replica_parallel_on_cpu()
+        self.changes = tuple(changes)
         _quiet_orbax()
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=not read_only,
                                                read_only=read_only, enable_async_checkpointing=True,
@@ -84,6 +86,8 @@ class Checkpointer:
     def save(self, step: int, state, metadata: CheckpointMetadata | dict) -> None:
         """Start an asynchronous save; the previous one is finished first by Orbax."""
         record = metadata.to_json() if isinstance(metadata, CheckpointMetadata) else metadata
+        if self.changes:
+            record = {**record, "changes": [dict(c) for c in self.changes]}
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(record)), force=True)
 
@@ -216,6 +220,7 @@ class ResumePlan:
     workdir: str
     candidates: tuple[int, ...]
     unreadable: tuple[Unreadable, ...]
+    newest: CheckpointMetadata | None = None  # the metadata of candidates[0]
 
 
 def _vocab_source(metadata: CheckpointMetadata) -> str:
@@ -235,7 +240,7 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
     if not epath.Path(checkpoint_dir(workdir)).exists():
         return plan
     checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
-    candidates, unreadable = [], []
+    candidates, unreadable, newest = [], [], None
     for step in checkpointer.all_steps():
         try:
             saved = checkpointer.metadata(step)
@@ -256,12 +261,46 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
                 f"--workdir {workdir}: checkpoint step {step} was trained on {_vocab_source(saved)} "
                 f"(sha256 {str(saved.vocab_sha256)[:12]}) but this run reads {now} "
                 f"(sha256 {str(vocab_sha256)[:12]}): another vocabulary; use the original corpus or a new workdir")
-        if not candidates and saved.get("data_dir") != data_dir:
-            logging.warning("--workdir %s: checkpoint step %d was trained on the corpus %s; this run continues on "
-                            "%s (same vocabulary)", workdir, step, saved.get("data_dir"), data_dir)
+        if not candidates:
+            newest = saved
         candidates.append(step)
     checkpointer.close()
-    return ResumePlan(workdir, tuple(candidates), tuple(unreadable))
+    return ResumePlan(workdir, tuple(candidates), tuple(unreadable), newest)
+
+
+def _setting(config: dict, name: str):
+    section, key = name.split(".")
+    return config.get(section, {}).get(key)
+
+
+def resumed_changes(plan: ResumePlan, config: dict, allowed: tuple[str, ...] = ()) -> tuple[dict, ...]:
+    """The run's record of changed settings once it resumes from `plan` with `config` (to_dict).
+
+    Every setting of RESUMED_SETTINGS must be what the newest checkpoint recorded, or be
+    `allowed` (`train --allow-changed`), in which case the change and the step it takes effect
+    are appended to the record the checkpoint carried; otherwise a one-line UserInputError names
+    the setting, both values and the way to allow it. A checkpoint of a version that saved no
+    config is not compared.
+    """
+    from pmi_jax.config import RESUMED_SETTINGS
+
+    saved = plan.newest
+    if saved is None:
+        return ()
+    history = tuple(saved.changes)
+    step = plan.candidates[0]
+    for name in RESUMED_SETTINGS:
+        before, now = _setting(saved.config, name), _setting(config, name)
+        if before is None or before == now:
+            continue
+        if name not in allowed:
+            raise UserInputError(f"--workdir {plan.workdir}: checkpoint step {step} was trained with {name}="
+                                 f"{before!r}, this run gives {now!r}; resume with the run's own setting, or pass "
+                                 f"--allow-changed {name} to change it from step {step} (recorded in the run)")
+        logging.warning("--workdir %s: %s changes from %r to %r at step %d (--allow-changed; recorded in the "
+                        "checkpoints' metadata, shown by `pmi-jax compare`)", plan.workdir, name, before, now, step)
+        history += ({"setting": name, "from": before, "to": now, "step": step},)
+    return history
 
 
 def restore_newest(plan: ResumePlan, target: dict) -> tuple[int, dict, dict] | None:

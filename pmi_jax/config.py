@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import typing
 from typing import Any
@@ -170,10 +171,9 @@ def max_predictions(seq_len: int, mask_rate: float = MASK_RATE) -> int:
 def mask_rate_units(rate: float, name: str = "data.mask_rate") -> int:
     """A masking rate in basis points (0.15 -> 1500); UserInputError unless it is a whole number
     of basis points in (0, 1]."""
-    units = round(rate * MASK_RATE_UNIT)
-    if not 0 < rate <= 1 or abs(rate * MASK_RATE_UNIT - units) > 1e-6:
+    if not 0 < rate <= 1 or abs(rate * MASK_RATE_UNIT - round(rate * MASK_RATE_UNIT)) > 1e-6:  # NaN: not in (0, 1]
         raise UserInputError(f"{name}={rate}: expected a share in (0, 1] with at most 4 decimals, e.g. 0.15")
-    return units
+    return round(rate * MASK_RATE_UNIT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +213,22 @@ class DataConfig:
         """The most any batch is masked, training or validation: what the MLM head must gather."""
         end = self.mask_rate if self.mask_rate_schedule == "constant" else self.mask_rate_end
         return max(self.mask_rate, end, self.eval_mask_rate)
+
+
+# What a resumed run keeps unless `train --allow-changed SETTING` says otherwise: a run whose
+# masks, data or initialisation change midway is not the run its name and metadata describe
+# (the model itself is checked apart, and never changes: pmi_jax.checkpoints.plan_resume).
+RESUMED_SETTINGS = ("data.scheme", "data.mask_rate", "data.mask_rate_schedule", "data.mask_rate_end",
+                    "data.eval_mask_rate", "data.seed", "data.data_dir", "train.seed")
+
+
+def check_resumed_settings(names, option: str = "--allow-changed") -> tuple[str, ...]:
+    """The settings a resumed run may change, each one of RESUMED_SETTINGS."""
+    for name in names:
+        if name not in RESUMED_SETTINGS:
+            raise UserInputError(f"{option} {name}: not a setting a resumed run keeps; one of "
+                                 f"{', '.join(RESUMED_SETTINGS)}")
+    return tuple(dict.fromkeys(names))
 
 
 def check_scheme(scheme: str, source: str) -> None:
@@ -416,6 +432,8 @@ def _parse_value(raw: str, hint, item: str) -> Any:
     except (ValueError, SyntaxError):
         raise UserInputError(f"override {item!r}: cannot parse {raw!r} as {getattr(hint, '__name__', hint)}")
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # 1e999
+            raise UserInputError(f"override {item!r}: not a finite number")
         return float(value)
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)  # 1e6 steps

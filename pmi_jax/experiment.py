@@ -26,6 +26,7 @@ class RunSpec:
     scheme: str | None = None  # None: the config's data.scheme
     peak_flops: float | None = None
     init_from: str | None = None  # a transformers BERT directory
+    allow_changed: tuple[str, ...] = ()  # settings a resumed run may change (config.RESUMED_SETTINGS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,4 +133,4 @@ def pretrain(spec: RunSpec, workdir: str, distributed: Distributed = Distributed
 
         initial_params = huggingface.initial_params(run.pretrained, run.config.model)
     return train.train(run.config, paths.absolute(workdir), run.source, run.corpus, initial_params=initial_params,
-                       progress=progress)
+                       progress=progress, allow_changed=spec.allow_changed)

@@ -395,7 +395,8 @@ def read_pretrained(directory: str, option: str = "--init-from") -> Pretrained:
     from pmi_jax import storage
     from pmi_jax.formats import hf_checkpoint, wordpiece_vocab
 
-    fields = model_fields(hf_checkpoint.read_config(directory), storage.join(directory, hf_checkpoint.CONFIG_FILE))
+    fields = model_fields(hf_checkpoint.read_config(directory, option),
+                          storage.join(directory, hf_checkpoint.CONFIG_FILE))
     vocab = hf_checkpoint.vocab_path(directory)
     if not storage.gfile.exists(vocab):
         raise UserInputError(f"{option} {directory}: no {hf_checkpoint.VOCAB_FILE} (a BERT WordPiece vocabulary "
@@ -459,7 +460,7 @@ def released_encoder(directory: str):
     pretrained = read_pretrained(directory, "--hf-model")
     config = ModelConfig(**pretrained.fields)
     source = storage.join(directory, hf_checkpoint.WEIGHTS_FILE)
-    tensors = {_normalise_name(k): v for k, v in hf_checkpoint.read_tensors(directory).items()}
+    tensors = {_normalise_name(k): v for k, v in hf_checkpoint.read_tensors(directory, "--hf-model").items()}
     if not any(k.startswith("bert.") for k in tensors):
         tensors = {(f"bert.{k}" if k.startswith(_BARE_PREFIXES) else k): v for k, v in tensors.items()}
     abstract = checkpoints.abstract_model_params(BertForMaskedLM(config))

@@ -238,7 +238,7 @@ RUN_RESULTS = "eval"  # where `eval` files its results inside a run (one output 
 _RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
 
 
-def _is_run(directory: str) -> bool:
+def is_run(directory: str) -> bool:
     return gfile.isdir(join(directory, RUN_RECORDS[0])) or gfile.exists(join(directory, RUN_RECORDS[1],
                                                                             "metrics.jsonl"))
 
@@ -248,7 +248,7 @@ def _run_at_or_below(path: str) -> str | None:
     if not gfile.isdir(path):
         return None
     for count, (directory, subdirs, _) in enumerate(gfile.walk(path)):
-        if _is_run(directory):
+        if is_run(directory):
             return directory.rstrip("/")
         if count >= _RUN_SEARCH_LIMIT:
             break
@@ -260,44 +260,46 @@ def _run_holding(path: str, folders: Sequence[str]) -> str | None:
     path = path.rstrip("/") if not is_local(path) else os.path.abspath(path)
     parent, name = os.path.split(path)
     while parent and parent != path:
-        if name in folders and _is_run(parent):
+        if name in folders and is_run(parent):
             return parent
         path, (parent, name) = parent, os.path.split(parent)
     return None
 
 
-def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = ()) -> None:
-    """The one rule for outputs: none may hold, or replace a file of, an input or a training run.
+def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = (), option: str = "--output") -> None:
+    """The library's rule for outputs: none may hold, or lie inside, an input or a training run.
 
     Writing an output replaces it (`--overwrite`, or a resumed run's sweep), so an output
     directory that is or holds an input, or any run (its checkpoints, metrics, evaluations),
-    would destroy it; so would an output written over a file inside an input that is not a run
-    (a corpus's metadata.json), into a run's checkpoints/ or tensorboard/, or over a run's whole
-    eval/ folder. Inside a run, other outputs may be replaced: eval/<result> is where the
-    evaluation commands file (and refile) their results, and an export kept beside the
-    checkpoints is the user's own. `inputs` are (option, path) pairs such as ("--checkpoint",
-    "runs/a"); every command that writes calls this through `check_new_output`.
+    would destroy it; an output inside an input that is not a run (a corpus, a vocabulary)
+    would replace one of its files or add one its reader refuses; so would an output into a
+    run's checkpoints/ or tensorboard/, or over a run's whole eval/ folder. Inside a run, other
+    outputs may be written: eval/<result> is where the evaluation commands file (and refile)
+    their results, and an export kept beside the checkpoints is the user's own. `inputs` are
+    (option, path) pairs such as ("--checkpoint", "runs/a"), including those a command derives
+    (the checkpoint's corpus); the command line's own flags are checked once for every command
+    by pmi_jax/cli/io_flags.py.
     """
-    exists = gfile.exists(output)
-    for option, source in inputs:
+    for source_option, source in inputs:
         if not source:
             continue
         if is_inside(source, output):
-            raise UserInputError(f"--output {output}: holds the input {option} {source}; write the output "
+            what = "is" if is_inside(output, source) else "holds"
+            raise UserInputError(f"{option} {output}: {what} the input {source_option} {source}; write the output "
                                  "elsewhere")
-        if exists and is_inside(output, source) and not _is_run(source):
-            raise UserInputError(f"--output {output}: would replace a file of the input {option} {source}; "
-                                 "write the output elsewhere")
+        if is_inside(output, source) and not is_run(source):
+            raise UserInputError(f"{option} {output}: lies inside the input {source_option} {source}, which is not "
+                                 "this command's to change; write the output elsewhere")
     run = _run_at_or_below(output)
     if run is not None:
-        raise UserInputError(f"--output {output}: holds the training run {run}; write the output elsewhere")
+        raise UserInputError(f"{option} {output}: holds the training run {run}; write the output elsewhere")
     run = _run_holding(output, RUN_RECORDS)
     if run is not None:
-        raise UserInputError(f"--output {output}: lies inside the records of the training run {run}; write the "
+        raise UserInputError(f"{option} {output}: lies inside the records of the training run {run}; write the "
                              "output elsewhere")
     parent, name = os.path.split(output.rstrip("/") if not is_local(output) else os.path.abspath(output))
-    if name == RUN_RESULTS and _is_run(parent):
-        raise UserInputError(f"--output {output}: is the results folder of the training run {parent}; write the "
+    if name == RUN_RESULTS and is_run(parent):
+        raise UserInputError(f"{option} {output}: is the results folder of the training run {parent}; write the "
                              "output elsewhere")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from pmi_jax import checkpoints, flops, partitioning, paths, storage
-from pmi_jax.config import ExperimentConfig, to_dict
+from pmi_jax.config import ExperimentConfig, check_resumed_settings, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
@@ -342,7 +342,7 @@ def device_peak(config: ExperimentConfig) -> float | None:
 
 
 def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: CorpusInfo | None = None,
-          devices=None, initial_params=None, progress: bool = False) -> RunResult:
+          devices=None, initial_params=None, progress: bool = False, allow_changed: tuple[str, ...] = ()) -> RunResult:
     """Train up to `train.num_steps`, resuming from the latest checkpoint in `workdir`.
 
     `initial_params` (host arrays shaped like the model's params, e.g. a transformers
@@ -352,12 +352,14 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     compiling anything) for a mesh or batch size that does not fit the devices, or a workdir
     holding another model; NonFiniteLoss on a NaN/inf loss. `progress`: draw a progress line
     on stderr (`pmi_jax.progress`; the CLI asks for it when stderr is a terminal).
+    `allow_changed`: settings a resumed run may change (`resumed_settings`).
     """
     mesh = partitioning.make_mesh(config.mesh, devices)
     validate(config, mesh)
     workdir = paths.absolute(workdir)  # Orbax takes absolute paths only
     resume = checkpoints.plan_resume(workdir, config.model, corpus.vocab_sha256 if corpus else None,
                                      corpus.data_dir if corpus else config.data.data_dir)
+    changes = resumed_settings(resume, config, allow_changed)
     start_step = resume.candidates[0] if resume.candidates else 0
     logdir = run_dir.logdir(workdir)
     is_main = jax.process_index() == 0
@@ -369,7 +371,7 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     with partitioning.activate(mesh, config.mesh):
         program = build_program(config, mesh)
         restored = checkpoints.restore_newest(resume, program.restore_target())
-        checkpointer = checkpoints.Checkpointer(workdir, config.checkpoint)
+        checkpointer = checkpoints.Checkpointer(workdir, config.checkpoint, changes=changes)
         if restored:
             start_step, state, saved = restored
             state = TrainState(**state)
@@ -404,6 +406,14 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
     if is_main:
         print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {shlex.quote(logdir)})", flush=True)
     return dataclasses.replace(result, logdir=logdir)
+
+
+def resumed_settings(resume: checkpoints.ResumePlan, config: ExperimentConfig,
+                     allow_changed: tuple[str, ...]) -> tuple[dict, ...]:
+    """A resumed run keeps its scheme, masking rate and schedule, seeds and corpus, unless the
+    user allows a change by name; the changes, with their step, go into every checkpoint's
+    metadata from then on (issue 33; docs/reliability.md). Checked before anything is written."""
+    return checkpoints.resumed_changes(resume, to_dict(config), check_resumed_settings(allow_changed))
 
 
 def place_params(params, shardings):

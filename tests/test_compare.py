@@ -143,7 +143,9 @@ def test_scheme_colours_agree_across_plots():
 
 @pytest.mark.parametrize("make_args, message", [
     (lambda runs, tmp: [str(tmp / "nothing"), "--output", str(tmp / "r")], "no such run directory"),
-    (lambda runs, tmp: [str(tmp), "--output", str(tmp / "r")], "no checkpoints/ directory"),
+    (lambda runs, tmp: (tmp / "empty").mkdir() or [str(tmp / "empty"), "--output", str(tmp / "r")],
+     "no checkpoints/ directory"),
+    (lambda runs, tmp: [str(tmp), "--output", str(tmp / "r")], "lies inside the input RUN_DIR "),
     (lambda runs, tmp: [runs["token"], runs["token"], "--output", str(tmp / "r")], "a run is named twice"),
     (lambda runs, tmp: [runs["token"], "--output", runs["pmi"]], "holds the training run"),  # never replaced
 ])

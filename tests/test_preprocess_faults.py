@@ -46,6 +46,12 @@ def _prepare(inputs, output, *extra) -> int:
                  "--validation-fraction", "0.2", *extra])  # about 12 of 60 documents: a validation shard to damage
 
 
+def _prepare_given(inputs, output, *extra) -> int:
+    """`corpus prepare` with the --wordpiece or --tokenizer in `extra` (no vocabulary trained)."""
+    return main(["corpus", "prepare", "--input", *map(str, inputs), "--output", str(output), "--seq-len", "32",
+                 "--shards", "2", "--no-progress", *extra])
+
+
 # ---------------------------------------------------------------------------------------------
 # Input that is not what it claims to be.
 
@@ -94,6 +100,74 @@ def test_a_few_bad_bytes_in_real_text_are_replaced_and_counted(corpus, tmp_path,
     assert _prepare([tmp_path / "latin1.txt"], tmp_path / "data") == 0
     metadata = json.loads((tmp_path / "data" / "metadata.json").read_text())
     assert metadata["corpus"]["invalid_utf8_bytes"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Useless results are refused before they are written (issue 33 cases 6, 11, 12, 13).
+
+def test_parquet_rows_with_a_null_text_are_refused_like_json_lines(corpus, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [None if i % 7 == 3 else f"row {i} of the editor in chief" for i in range(400)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "nulls.parquet")
+    for run in (_vocab_build, _prepare):
+        _one_line_error(capsys, run([tmp_path / "nulls.parquet"], tmp_path / "out"),
+                        f"--input {tmp_path / 'nulls.parquet'}: 57 rows of this batch have a null 'text', the first "
+                        "row 4; drop or fill the nulls")
+    assert _listing(tmp_path) == ["nulls.parquet"]
+
+
+def _spaced_words_tokenizer(path: pathlib.Path) -> pathlib.Path:
+    """A WordPiece tokenizer whose pre-tokenizer splits on line breaks only: each line one "word"."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "editor", "in"])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("\n"), behavior="removed")
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_pre_tokenizer_whose_words_hold_spaces_is_refused(corpus, tmp_path, capsys):
+    tokenizer = _spaced_words_tokenizer(tmp_path / "tokenizer.json")
+    for run in (_vocab_build, _prepare_given):
+        _one_line_error(capsys, run([corpus / "good.txt"], tmp_path / "out", "--tokenizer", str(tokenizer)),
+                        f"--tokenizer {tokenizer}: its pre-tokenizer makes words holding white space ('The United "
+                        "States Air Force was formed i'); masking units need words without it")
+    assert _listing(tmp_path) == ["tokenizer.json"]
+
+
+def test_a_vocabulary_that_makes_mostly_unk_of_the_text_is_refused(corpus, tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "zebra", "##s", "quagga"]) + "\n")
+    message = _one_line_error(capsys, _prepare_given([corpus / "good.txt"], tmp_path / "out", "--wordpiece",
+                                                     str(vocab)),
+                              f"--wordpiece {vocab}: ", " tokens of the corpus's first 60 documents are [UNK]")
+    import re
+
+    unknown, total = map(int, re.search(r": (\d+) of the (\d+) tokens", message).groups())
+    assert unknown == total > 700
+    assert _listing(tmp_path) == ["vocab.txt"]
+
+
+def test_text_without_spaces_yields_no_corpus(tmp_path, capsys):
+    (tmp_path / "nospace.txt").write_text("".join(np.random.default_rng(0).choice(list("abcdefgh"), 200_000)))
+    _one_line_error(capsys, _prepare([tmp_path / "nospace.txt"], tmp_path / "out"),
+                    "the corpus yields no WordPiece token besides the special ones (1 words, 1 distinct")
+    assert _listing(tmp_path) == ["nospace.txt"]
+
+
+def test_latin1_text_is_named_with_its_share_of_replaced_bytes(corpus, tmp_path, caplog):
+    text = (corpus / "good.txt").read_text().replace("editor", "éditör").replace("chief", "chéf")
+    (tmp_path / "latin1.txt").write_bytes(text.encode("latin-1"))
+    invalid = text.count("é") + text.count("ö")
+    assert _vocab_build([tmp_path / "latin1.txt"], tmp_path / "vocab") == 0
+    warnings = [r.getMessage() for r in caplog.records if "U+FFFD" in r.getMessage()]
+    total = len(text.encode("latin-1"))
+    assert warnings == [f"--input {tmp_path / 'latin1.txt'}: {invalid} of its {total} bytes "
+                        f"({100 * invalid / total:.1f}%) are not valid UTF-8 and became U+FFFD; if it is Latin-1 or "
+                        "another encoding, convert it first (e.g. iconv -f LATIN1 -t UTF-8)"]
 
 
 def test_the_beam_runner_reports_a_bad_json_line_in_one_line(corpus, tmp_path, capsys):

@@ -37,6 +37,9 @@ def test_checkpoint_metadata_is_written_with_the_keys_of_every_version():
                                         "vocab_size", "vocab_sha256", "jax_version", "process_count"]
     assert run_dir.CheckpointMetadata.from_json(metadata.to_json()) == metadata
     assert metadata.run_scheme == "pmi"
+    change = {"setting": "data.mask_rate", "from": 0.15, "to": 0.3, "step": 2}
+    changed = run_dir.CheckpointMetadata.from_json({**metadata.to_json(), "changes": [change]})
+    assert changed.changes == (change,) and list(changed.to_json())[-1] == "changes"
 
 
 def test_eval_result_names():

@@ -81,17 +81,17 @@ def test_no_output_may_replace_a_run_or_an_input(run, corpus, tmp_path, capsys):
     before = {d: _tree_digest(d) for d in (run, other, corpus)}
     cases = [
         (["export", "hf", "--checkpoint", str(run), "--output", str(run), "--overwrite"],
-         f"--output {run}: holds the input --checkpoint {run}"),
+         f"--output {run}: is the input --checkpoint {run}"),
         (["export", "hf", "--checkpoint", str(run), "--output", str(other), "--overwrite"],
          f"--output {other}: holds the training run {other}"),
         (["export", "hf", "--checkpoint", str(run), "--output", str(tmp_path), "--overwrite"],
          f"--output {tmp_path}: holds the training run {other}"),
         (["export", "hf", "--checkpoint", str(run), "--output", str(corpus), "--overwrite"],
-         f"--output {corpus}: holds the input the checkpoint's corpus {corpus}"),
-        (["compare", str(run), "--output", str(run), "--overwrite"], f"--output {run}: holds the input RUN_DIR {run}"),
+         f"--output {corpus}: is the input the checkpoint's corpus {corpus}"),
+        (["compare", str(run), "--output", str(run), "--overwrite"], f"--output {run}: is the input RUN_DIR {run}"),
         (["compare", str(run), "--output", str(other)], f"--output {other}: holds the training run {other}"),
         (["eval", "finetune", "--checkpoint", str(run), "--task", "glue/rte", "--data", str(tmp_path / "glue"),
-          "--output", str(run), "--overwrite"], f"--output {run}: holds the input --checkpoint {run}"),
+          "--output", str(run), "--overwrite"], f"--output {run}: is the input --checkpoint {run}"),
         (["eval", "perplexity", "--checkpoint", str(run), "--output",
           str(run / "tensorboard" / "metrics.jsonl"), "--overwrite"],
          f"lies inside the records of the training run {run}"),
@@ -100,7 +100,7 @@ def test_no_output_may_replace_a_run_or_an_input(run, corpus, tmp_path, capsys):
         (["eval", "perplexity", "--checkpoint", str(other), "--output", str(run / "checkpoints" / "new.json")],
          f"lies inside the records of the training run {run}"),
         (["data", "dump", "--data", str(corpus), "--scheme", "whole_word", "--num", "1", "--output",
-          str(corpus / "metadata.json"), "--overwrite"], f"would replace a file of the input --data {corpus}"),
+          str(corpus / "metadata.json"), "--overwrite"], f"lies inside the input --data {corpus}"),
         (["demo-corpus", "--output", str(other), "--overwrite"], f"holds the training run {other}"),
         (["vocab", "build", "--input", str(corpus / "vocab.txt"), "--output", str(other), "--overwrite"],
          f"holds the training run {other}"),
@@ -254,6 +254,49 @@ def test_a_config_file_that_does_not_run_is_one_line(corpus, tmp_path, capsys, s
     argv[argv.index("tiny")] = str(config)
     _one_line_error(capsys, main(argv), f"--config {config}: {config}:", message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_rate_that_is_not_a_finite_number_is_one_line(corpus, tmp_path, capsys, value):
+    """Issue 33 case 9: every float flag of every command is checked in one place (cli/io_flags.py)."""
+    for argv, option in ((["data", "show", "--data", str(corpus), "--scheme", "whole_word", "--mask-rate", value],
+                          "--mask-rate"),
+                         (["data", "dump", "--data", str(corpus), "--scheme", "whole_word", "--num", "1",
+                           "--mask-rate", value, "--output", str(tmp_path / "d.jsonl")], "--mask-rate"),
+                         (["corpus", "prepare", "--input", str(corpus / "vocab.txt"), "--output",
+                           str(tmp_path / "c"), "--validation-fraction", value], "--validation-fraction"),
+                         (["vocab", "build", "--input", str(corpus / "vocab.txt"), "--output", str(tmp_path / "v"),
+                           "--shares", f"0.5,{value}"], "--shares")):
+        _one_line_error(capsys, main(argv), f"{option} {float(value)}: not a finite number")
+    _one_line_error(capsys, main(_train_args(corpus, tmp_path / "w", "data.mask_rate=1e999")), "not a finite number")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_compare_split_names_the_splits_the_runs_were_scored_on(run, tmp_path, capsys):
+    """Issue 33 case 10."""
+    before = _tree_digest(run)
+    _one_line_error(capsys, main(["compare", str(run), "--output", str(tmp_path / "r"), "--split", "train"]),
+                    "--split train: no run was scored on it (`eval perplexity --split train`); scored splits: "
+                    "validation")
+    _one_line_error(capsys, main(["compare", str(run), "--output", str(tmp_path / "r"), "--split", "../x"]),
+                    "--split ../x: a corpus split, one of train, validation")
+    assert _tree_digest(run) == before and not (tmp_path / "r").exists()
+
+
+def test_a_bad_hf_model_is_named_by_the_option_given(tmp_path, capsys):
+    """Issue 33 case 14: the message names --hf-model, the flag the user typed, not --init-from."""
+    bad = tmp_path / "bert"
+    bad.mkdir()
+    argv = ["eval", "finetune", "--hf-model", str(bad), "--task", "glue/rte", "--data", str(tmp_path / "glue"),
+            "--output", str(tmp_path / "out")]
+    message = _one_line_error(capsys, main(argv), f"--hf-model {bad}: no config.json")
+    assert "--init-from" not in message
+    (bad / "config.json").write_text(json.dumps({"vocab_size": 5, "hidden_size": 8, "num_hidden_layers": 1,
+                                                 "num_attention_heads": 2, "intermediate_size": 16,
+                                                 "max_position_embeddings": 16}))
+    (bad / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    message = _one_line_error(capsys, main(argv), f"--hf-model {bad}: no model.safetensors")
+    assert "--init-from" not in message and not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,12 +493,55 @@ def test_compare_falls_back_when_the_newest_metadata_is_missing(run_copy, tmp_pa
     assert (tmp_path / "report" / "report.md").exists()
 
 
-def test_resuming_on_another_corpus_with_the_same_vocabulary_is_a_warning(run_copy, corpus, tmp_path, caplog):
+@pytest.mark.parametrize("change, given, setting, before, now", [
+    (["--scheme", "random_token"], [], "data.scheme", "'whole_word'", "'random_token'"),
+    ([], ["data.mask_rate=0.3"], "data.mask_rate", "0.15", "0.3"),
+    ([], ["data.mask_rate_schedule=linear"], "data.mask_rate_schedule", "'constant'", "'linear'"),
+    ([], ["data.seed=1"], "data.seed", "0", "1"),
+    ([], ["train.seed=7"], "train.seed", "0", "7"),
+])
+def test_a_resumed_run_keeps_its_settings(run_copy, corpus, capsys, change, given, setting, before, now):
+    """Issue 33 cases 4-5: another scheme, rate, schedule or seed is one line naming the setting
+    and both values, and nothing in the run changes."""
+    digest = _tree_digest(run_copy)
+    argv = _train_args(corpus, run_copy, "train.num_steps=3", *given)
+    if change:
+        argv[argv.index("whole_word")] = change[1]
+    _one_line_error(capsys, main(argv), f"--workdir {run_copy}: checkpoint step 2 was trained with {setting}="
+                    f"{before}, this run gives {now}; resume with the run's own setting, or pass --allow-changed "
+                    f"{setting} to change it from step 2 (recorded in the run)")
+    assert _tree_digest(run_copy) == digest
+
+
+def test_resuming_on_another_corpus_is_refused_unless_allowed(run_copy, corpus, tmp_path, capsys):
     other = tmp_path / "other corpus"
     shutil.copytree(corpus, other)
-    assert main(_train_args(other, run_copy, "train.num_steps=3")) == 0
-    assert (f"checkpoint step 2 was trained on the corpus {corpus}; this run continues on {other} (same "
-            "vocabulary)") in caplog.text
+    digest = _tree_digest(run_copy)
+    _one_line_error(capsys, main(_train_args(other, run_copy, "train.num_steps=3")),
+                    f"was trained with data.data_dir='{corpus}', this run gives '{other}'")
+    assert _tree_digest(run_copy) == digest
+    assert main(_train_args(other, run_copy, "train.num_steps=3") + ["--allow-changed", "data.data_dir"]) == 0
+
+
+def test_an_allowed_change_is_recorded_with_its_step_and_compare_flags_it(run_copy, corpus, tmp_path, capsys):
+    from pmi_jax.compare.runs import read_run
+
+    _one_line_error(capsys, main(_train_args(corpus, run_copy, "train.num_steps=3") + ["--allow-changed", "rate"]),
+                    "--allow-changed rate: not a setting a resumed run keeps; one of data.scheme, data.mask_rate")
+    argv = _train_args(corpus, run_copy, "train.num_steps=4", "data.mask_rate=0.3")
+    assert main(argv + ["--allow-changed", "data.mask_rate"]) == 0
+    change = {"setting": "data.mask_rate", "from": 0.15, "to": 0.3, "step": 2}
+    assert read_run(str(run_copy)).changes == (change,)
+    metadata = json.loads((run_copy / "checkpoints" / "3" / "metadata" / "metadata").read_text())
+    assert metadata["changes"] == [change] and metadata["config"]["data"]["mask_rate"] == 0.3
+    # Resumed again with the new rate: no new change, the record is kept.
+    assert main(_train_args(corpus, run_copy, "train.num_steps=5", "data.mask_rate=0.3")) == 0
+    assert read_run(str(run_copy)).changes == (change,)
+    capsys.readouterr()
+    report_dir = tmp_path / "report"
+    assert main(["compare", str(run_copy), "--output", str(report_dir)]) == 0
+    assert ("run (whole_word): data.mask_rate changed from 0.15 to 0.3 at step 2 (resumed with --allow-changed)"
+            in (report_dir / "report.md").read_text())
 
 
 def test_a_workdir_that_cannot_be_written_is_one_line(corpus, tmp_path, capsys):

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 
+from pmi_jax.cli import io_flags
 from pmi_jax.errors import UserInputError
 
 # sub-command -> module holding its parser, in pipeline order.
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # stage not built yet
         module.add_parser(subparsers)
+    io_flags.declare(parser)
     return parser
 
 
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        io_flags.check_finite(args)  # before the command reads or writes anything
+        io_flags.check_apart(args)
         status = args.func(args)
     except UserInputError as e:
         print(f"pmi-jax {args.command}: error: {e}", file=sys.stderr)

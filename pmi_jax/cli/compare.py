@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -30,12 +32,13 @@ def add_parser(subparsers) -> None:
                     "<task>-<protocol>.png per fine-tuning task. docs/experiments.md, \"Intervals\", says how "
                     "the intervals are computed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run directories (`pmi-jax train --workdir`)")
-    p.add_argument("--output", required=True, metavar="REPORT_DIR",
-                   help="directory to write report.md and the plots to (written whole, then moved into place)")
-    p.add_argument("--released", action="append", default=[], metavar="RESULTS_DIR",
+    io_flags.reads(p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                                  help="training run directories (`pmi-jax train --workdir`)"))
+    io_flags.writes(p.add_argument("--output", required=True, metavar="REPORT_DIR",
+                   help="directory to write report.md and the plots to (written whole, then moved into place)"), directory=True)
+    io_flags.reads(p.add_argument("--released", action="append", default=[], metavar="RESULTS_DIR",
                    help="a released model's fine-tuning results (the --output of `eval finetune --hf-model`), "
-                        "shown beside the runs as the paper's Table 3 does (repeatable)")
+                        "shown beside the runs as the paper's Table 3 does (repeatable)"))
     p.add_argument("--split", default=None,
                    help="which scored split the perplexity tables show (default: validation where every run was "
                         "scored on it); e.g. train for an out-of-domain test corpus scored with `eval perplexity "
@@ -47,7 +50,11 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pmi_jax.cli import quiet
     from pmi_jax.compare.write import write_report
+    from pmi_jax.errors import UserInputError
+    from pmi_jax.formats.prepared_corpus import SPLITS
 
+    if args.split is not None and args.split not in SPLITS:
+        raise UserInputError(f"--split {args.split}: a corpus split, one of {', '.join(SPLITS)}")
     quiet.quiet_checkpoint_reads()
     written = write_report(args.runs, args.output, released=args.released, split=args.split,
                            overwrite=args.overwrite)

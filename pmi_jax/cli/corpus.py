@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess.beam import beam_options
 
@@ -30,32 +31,33 @@ def _add_prepare(commands) -> None:
         "vocabulary (longest entry wins; overlapping entries are chosen between at random, seeded), pack them "
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
-    p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
+    io_flags.reads(p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
                    help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, "
                    ".arrow, or a directory saved by Hugging Face datasets' save_to_disk; globs, directories and "
-                   "gs:// URLs accepted")
+                   "gs:// URLs accepted"))
     p.add_argument("--text-field", default="text", metavar="NAME",
                    help="the field holding each document in JSON lines, Parquet and Arrow inputs "
                    "(default %(default)s)")
-    p.add_argument("--output", required=True, metavar="DIR", help="data directory to write (local or gs://)")
+    io_flags.writes(p.add_argument("--output", required=True, metavar="DIR",
+                                   help="data directory to write (local or gs://)"), directory=True)
     wp = p.add_mutually_exclusive_group()
-    wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
+    io_flags.reads(wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
-                    "without it an uncased vocabulary is trained on the corpus")
-    wp.add_argument("--tokenizer", metavar="PATH",
+                    "without it an uncased vocabulary is trained on the corpus"))
+    io_flags.reads(wp.add_argument("--tokenizer", metavar="PATH",
                     help="your own tokenizer: a Hugging Face tokenizer.json (WordPiece, BPE or Unigram; special " 
                     "tokens [PAD] (id 0) [UNK] [CLS] [SEP] [MASK]), or a BERT vocab.txt with --cased. Words for the "
                     "masking units are its pre-tokenizer's words; the ids are what `tokenizers` gives each document. "
-                    "See docs/tokenizers.md")
+                    "See docs/tokenizers.md"))
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
     p.add_argument("--cased", action="store_true",
                    help="with --tokenizer VOCAB_TXT: BERT's cased WordPiece (no lower-casing, accents kept)")
-    p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
+    io_flags.reads(p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
-                   "frequency=...)")
+                   "frequency=...)"), named=True)
     p.add_argument("--seq-len", type=int, default=_config("seq_len"),
                    help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8, at most "
                    "the longest max_position_embeddings of the configs in configs/)")
@@ -76,6 +78,7 @@ def _add_prepare(commands) -> None:
                    "same configuration needs none: it checks the shards and rewrites what is missing)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
+    io_flags.beam_flags(p)
     p.set_defaults(func=run_prepare)
 
 
@@ -87,7 +90,7 @@ def _add_show(commands) -> None:
         "together. Rendering: WordPieces are joined into words; a multi-word unit is [w1 w2 ...]; a backslash "
         "precedes every [ ] or \\ that belongs to a word, so an unescaped bracket always delimits a unit or a "
         "special token ([CLS], [SEP], which hold no space). The token count includes [CLS] and [SEP].")
-    p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`")
+    io_flags.reads(p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`"))
     p.add_argument("--split", default="train", choices=["train", "validation"], help="default %(default)s")
     p.add_argument("--num", type=int, default=3, help="sequences to print, at least 1 (default %(default)s)")
     p.add_argument("--units", metavar="NAME",
@@ -107,7 +110,7 @@ def _add_informask(commands) -> None:
         "relevance (the PMI of each masked token with each unmasked token near it), keep the best, and write each "
         "token id's masking rate (how often it was masked over how often it occurs) to DIR/informask_rates.json, "
         "which the informask scheme masks by. The same corpus, options and --seed give identical bytes.")
-    p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`")
+    io_flags.reads(p.add_argument("data_dir", metavar="DIR", help="a directory written by `pmi-jax corpus prepare`"))
     p.add_argument("--window", type=int, default=_informask_option("window"),
                    help="a token's context: this many tokens on each side, inside its document (default %(default)s)")
     p.add_argument("--candidates", type=int, default=_informask_option("candidates"),

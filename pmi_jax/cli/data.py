@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
 from pmi_jax.config import MASK_RATE, SCHEMES, UNIT_SCHEMES
 
 
 def _add_example_options(p: argparse.ArgumentParser, default_num: int | None) -> None:
-    p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus prepare`; local "
-                   "or gs://)")
+    io_flags.reads(p.add_argument("--data", required=True, help="prepared corpus directory (from `pmi-jax corpus "
+                                  "prepare`; local or gs://)"))
     p.add_argument("--scheme", required=True, metavar="SCHEME", help=f"masking scheme: {', '.join(SCHEMES)}; the "
                    f"PMI family ({', '.join(UNIT_SCHEMES)}) needs a corpus prepared with that masking vocabulary, "
                    "informask the rates of `pmi-jax corpus informask`")
@@ -50,8 +51,8 @@ def add_parser(subparsers) -> None:
         "tokens: units measured in words) and the example's shard, position and epoch.",
     )
     _add_example_options(dump, default_num=None)
-    dump.add_argument("--output", required=True, help="JSON-lines file to write (local or gs://), written whole "
-                      "under a temporary name and renamed; its directory must exist")
+    io_flags.writes(dump.add_argument("--output", required=True, help="JSON-lines file to write (local or gs://), "
+                                      "written whole under a temporary name and renamed; its directory must exist"))
     dump.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     dump.set_defaults(func=run_dump)
 

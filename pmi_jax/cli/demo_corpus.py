@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -12,7 +14,8 @@ def add_parser(subparsers) -> None:
         "library, one document per docstring, in BERT pretraining text format (blank-line separated). "
         "It needs no download, so the README's demo runs offline.",
     )
-    p.add_argument("--output", required=True, help="directory to create (local or gs://)")
+    io_flags.writes(p.add_argument("--output", required=True, help="directory to create (local or gs://)"),
+                    directory=True)
     p.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     p.add_argument("--installed", action="store_true",
                    help="also write installed_docs.txt: the prose of every installed package's docstrings "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import quiet
+from pmi_jax.cli import io_flags, quiet
 from pmi_jax.errors import UserInputError
 from pmi_jax.eval.protocols import PROTOCOLS
 
@@ -37,9 +37,9 @@ def _add_steps(p) -> None:
 
 
 def _add_checkpoint(p, required: bool = True) -> None:
-    p.add_argument("--checkpoint", required=required,
+    io_flags.reads(p.add_argument("--checkpoint", required=required,
                    help="a training --workdir (its latest checkpoint) or one of its checkpoints/<step> directories "
-                        "(local or gs://)")
+                        "(local or gs://)"))
 
 
 def _add_perplexity(commands) -> None:
@@ -54,9 +54,9 @@ def _add_perplexity(commands) -> None:
                     "scored on the same tokens. One unit per masked copy: the scored units of a sequence never "
                     "overlap and never hide each other's context (docs/experiments.md, \"Unit perplexity\").")
     _add_checkpoint(p)
-    p.add_argument("--data", default=None,
-                   help="prepared corpus directory (default: the one the checkpoint was trained on); its vocab.txt "
-                        "must be the checkpoint's")
+    io_flags.reads(p.add_argument("--data", default=None,
+                                  help="prepared corpus directory (default: the one the checkpoint was trained "
+                                       "on); its vocab.txt must be the checkpoint's"))
     p.add_argument("--split", default="validation", help="which split's TFRecords to score (default: validation)")
     p.add_argument("--unit", action="append", default=None, metavar="{token,word,NAME}",
                    help="what is masked at once (repeatable, one result file each; default: token): token = one "
@@ -77,10 +77,10 @@ def _add_perplexity(commands) -> None:
     p.add_argument("--batch-size", type=int, default=64,
                    help="masked copies per forward pass (default: 64); changes speed, not the result")
     _add_steps(p)
-    p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
+    io_flags.writes(p.add_argument("--output", default=None, help="also write the result to this JSON file (one checkpoint "
                    "and one --unit only; written whole under a temporary name, then renamed); the result is always "
                    "written to RUN/eval/perplexity-<split>-step<N>.json (token) or "
-                   "RUN/eval/perplexity-<split>-<unit>-step<N>.json")
+                   "RUN/eval/perplexity-<split>-<unit>-step<N>.json"))
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--skip-existing", action="store_true",
                    help="skip a checkpoint and unit whose RUN/eval result exists and was scored with the same "
@@ -102,30 +102,30 @@ def _add_finetune(commands) -> None:
                     "checkpoint.")
     model = p.add_mutually_exclusive_group(required=True)
     _add_checkpoint(model, required=False)
-    model.add_argument("--hf-model", metavar="DIR",
+    io_flags.reads(model.add_argument("--hf-model", metavar="DIR",
                        help="instead of a pmi-jax run: a released Hugging Face BERT checkpoint saved locally "
                             "(config.json, vocab.txt, model.safetensors; BertModel, BertForMaskedLM or "
                             "BertForPreTraining), fine-tuned with the same protocol, e.g. to set a run beside "
-                            "SpanBERT as the paper's Table 3 does; needs --output")
+                            "SpanBERT as the paper's Table 3 does; needs --output"))
     _add_steps(p)
     p.add_argument("--task", required=True, help=f"one of: {_TASK_NAMES}")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="the task's data in its distributed format: a GLUE task folder "
+    io_flags.reads(source.add_argument("--data", help="the task's data in its distributed format: a GLUE task folder "
                                        "(train.tsv, dev.tsv), a folder with SQuAD's train-v2.0.json and "
-                                       "dev-v2.0.json, or the RACE folder (train/, dev/ with high/ and middle/)")
+                                       "dev-v2.0.json, or the RACE folder (train/, dev/ with high/ and middle/)"))
     source.add_argument("--tfds", metavar="NAME",
                         help="read the task from TensorFlow Datasets instead (already downloaded and prepared: "
                              "nothing is downloaded), e.g. glue/rte, squad/v2.0, race/high; for RACE the --task "
                              "decides which levels are read")
-    p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (default: TFDS's own)")
-    p.add_argument("--test-data", default=None,
+    io_flags.reads(p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (default: TFDS's own)"))
+    io_flags.reads(p.add_argument("--test-data", default=None,
                    help="also evaluate the test set with the chosen configuration's runs: the GLUE task folder "
                         "(test.tsv; MNLI test_matched/mismatched.tsv) -> <Task>.tsv predictions for the GLUE "
                         "server; a SQuAD 2.0 JSON file of questions -> predictions.json; the RACE folder "
-                        "(test/high, test/middle) -> test accuracy")
-    p.add_argument("--vocab", default=None,
+                        "(test/high, test/middle) -> test accuracy"))
+    io_flags.reads(p.add_argument("--vocab", default=None,
                    help="the WordPiece vocab.txt the checkpoint was trained with (default: the one in the "
-                        "checkpoint's corpus directory); checked against the checkpoint's hash")
+                        "checkpoint's corpus directory); checked against the checkpoint's hash"))
     p.add_argument("--protocol", default="sweep", choices=PROTOCOLS,
                    help="sweep (default): the grid search of the paper's Tables 2-3 and 8 (§4.2); checkpoint: "
                         "the fixed per-checkpoint setting of its Table 1, Figures 1-2 and Tables 6-7")
@@ -148,10 +148,10 @@ def _add_finetune(commands) -> None:
     p.add_argument("--max-query-len", type=int, default=64, help="SQuAD: question tokens kept (default: 64)")
     p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
                    help="SQuAD: answer \"\" when the null score beats the best span by more than this (default: 0)")
-    p.add_argument("--output", default=None,
+    io_flags.writes(p.add_argument("--output", default=None,
                    help="directory for results.json and results.md, written together under a temporary name "
                         "and renamed (default: RUN/eval/<task>-<protocol>-step<N> of the checkpoint's training "
-                        "run; with several --steps, one step<N>/ folder each)")
+                        "run; with several --steps, one step<N>/ folder each)"), directory=True)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=run_finetune)
 
@@ -161,7 +161,7 @@ def _parse_list(text: str, kind, option: str) -> list:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserInputError(f"{option} {text!r}: expected comma-separated numbers") from None
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not v > 0 or v == float("inf") for v in values):
         raise UserInputError(f"{option} {text!r}: expected positive numbers")
     return values
 

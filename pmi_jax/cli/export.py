@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("export", help="export a checkpoint for other libraries (Hugging Face)",
@@ -20,18 +22,19 @@ def add_parser(subparsers) -> None:
         "hf", help="a transformers BertForMaskedLM directory: config, safetensors weights, tokenizer, model card",
         description="Write a directory that transformers' AutoModelForMaskedLM and AutoTokenizer load as is "
                     "(PyTorch parameter names and layouts, the corpus's own uncased WordPiece vocabulary).")
-    p.add_argument("--checkpoint", required=True,
+    io_flags.reads(p.add_argument("--checkpoint", required=True,
                    help="a training --workdir (its latest checkpoint, or the one --step names) or one of its "
-                        "checkpoints/<step> directories (local or gs://)")
+                        "checkpoints/<step> directories (local or gs://)"))
     p.add_argument("--step", type=int, default=None, help="export this step of the run (default: the latest)")
-    p.add_argument("--output", required=True, help="directory to write (local or gs://); must not exist")
+    io_flags.writes(p.add_argument("--output", required=True, help="directory to write (local or gs://); must not "
+                                   "exist"), directory=True)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    p.add_argument("--vocab", default=None,
+    io_flags.reads(p.add_argument("--vocab", default=None,
                    help="the WordPiece vocab.txt the checkpoint was trained with (default: the one in the "
-                        "checkpoint's corpus directory); checked against the checkpoint's hash")
-    p.add_argument("--perplexity", default=None, metavar="JSON",
+                        "checkpoint's corpus directory); checked against the checkpoint's hash"))
+    io_flags.reads(p.add_argument("--perplexity", default=None, metavar="JSON",
                    help="a result of `pmi-jax eval perplexity --output JSON` for this checkpoint, quoted in the "
-                        "model card")
+                        "model card"))
     p.set_defaults(func=run_hf)
 
 

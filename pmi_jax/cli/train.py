@@ -17,6 +17,8 @@ import sys
 
 # config_path, load_config: re-exported for importers written before pmi_jax/config.py held them.
 from pmi_jax.config import SCHEMES, SYNTHETIC, UNIT_SCHEMES, config_path, load_config  # noqa: F401
+from pmi_jax.config import check_resumed_settings
+from pmi_jax.cli import io_flags
 from pmi_jax.errors import UserInputError
 
 
@@ -24,33 +26,39 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "train", help="pretrain BERT (MLM) on a prepared corpus with one masking scheme",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True,
+    io_flags.reads(parser.add_argument("--config", required=True,
                         help="experiment config: a name in configs/ (tiny, small, base, large) or a path to a .py "
-                             "file whose get_config() returns an ExperimentConfig")
-    parser.add_argument("--data", default=None,
+                             "file whose get_config() returns an ExperimentConfig"))
+    io_flags.reads(parser.add_argument("--data", default=None,
                         help="prepared corpus directory (local or gs://) holding metadata.json, vocab.txt and the "
                              f"TFRecords; '{SYNTHETIC}' trains on a built-in topic-model toy corpus (needs "
-                             "model.vocab_size and data.seq_len set). Default: the config's data.data_dir")
+                             "model.vocab_size and data.seq_len set). Default: the config's data.data_dir"))
     parser.add_argument("--scheme", default=None,
                         help=f"masking scheme: {', '.join(SCHEMES)} ({', '.join(UNIT_SCHEMES)} need that "
                              "masking vocabulary in the corpus, informask the rates of `pmi-jax corpus informask`). "
                              "Default: the config's")
-    parser.add_argument("--workdir", default=None,
+    io_flags.run_directory(parser.add_argument("--workdir", default=None,
                         help="run directory (local or gs://): checkpoints/ and tensorboard/ go here; an existing "
                              "checkpoint of the same model and vocabulary is resumed (the newest one that restores; "
-                             "a damaged one is moved to unreadable_checkpoints/). Required unless --compile-only")
+                             "a damaged one is moved to unreadable_checkpoints/). Required unless --compile-only"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field, e.g. --set model.num_layers=4 --set train.batch_size=64 "
                              "--set mesh.model=2 (repeatable)")
     parser.add_argument("positional_overrides", nargs="*", metavar="FIELD=VALUE",
                         help="more overrides, same syntax as --set")
-    parser.add_argument("--init-from", default=None, metavar="DIR",
+    io_flags.reads(parser.add_argument("--init-from", default=None, metavar="DIR",
                         help="start from a Hugging Face transformers BERT checkpoint directory (config.json, "
                              "model.safetensors, vocab.txt; e.g. a downloaded bert-base-uncased or a `pmi-jax export "
                              "hf` output) instead of random weights; the optimizer starts fresh. Its config.json "
                              "decides the model (a --config or --set that contradicts it is an error) and the corpus "
                              "must use its vocabulary (`corpus prepare --wordpiece DIR/vocab.txt`). Ignored when "
-                             "--workdir already holds a checkpoint (the run resumes)")
+                             "--workdir already holds a checkpoint (the run resumes)"))
+    parser.add_argument("--allow-changed", action="append", default=[], metavar="SETTING",
+                        help="resuming: let this setting differ from the run's checkpoint (repeatable; one of "
+                             "data.scheme, data.mask_rate, data.mask_rate_schedule, data.mask_rate_end, "
+                             "data.eval_mask_rate, data.seed, data.data_dir, train.seed). Without it a resumed run "
+                             "with another value is refused; with it the change and its step are recorded in the "
+                             "checkpoints' metadata and `pmi-jax compare` flags it")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress line (step, steps/s, tokens/s, ETA) on stderr; it is drawn only when stderr "
                              "is a terminal anyway. The log lines every train.log_every_steps go on either way")
@@ -100,7 +108,8 @@ def run(args) -> int:
 
     spec = experiment.RunSpec(config=args.config, overrides=tuple(args.overrides) + tuple(args.positional_overrides),
                               data=args.data, scheme=args.scheme, peak_flops=args.peak_flops,
-                              init_from=args.init_from)
+                              init_from=args.init_from,
+                              allow_changed=check_resumed_settings(args.allow_changed))
     if args.compile_only:
         return _compile_only(args, experiment.resolve_config(spec)[0])
     if args.topology:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from pmi_jax.cli import io_flags
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess.beam import beam_options
 from preprocess.vocab.measures import MEASURES
@@ -35,18 +36,19 @@ def _add_build(commands) -> None:
         "--shares, to DIR: masking_vocab.txt (one n-gram per line), masking_vocab.tsv (with counts and scores) "
         "and stats.json. Words are BERT's uncased basic-tokenizer words, or --tokenizer's. The output is the same "
         "whatever --workers and --memory-mb are.")
-    p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
+    io_flags.reads(p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
                    help="text files (blank lines between documents), .jsonl (optionally .gz), .parquet, .arrow, "
                    "or a directory saved by Hugging Face datasets' save_to_disk: paths, globs or directories, "
-                   "local or gs://")
+                   "local or gs://"))
     p.add_argument("--text-field", default="text", metavar="NAME",
                    help="the field holding each document in JSON lines, Parquet and Arrow inputs "
                    "(default %(default)s)")
-    p.add_argument("--output", required=True, metavar="DIR", help="vocabulary directory to create (local or gs://)")
-    p.add_argument("--tokenizer", metavar="PATH",
+    io_flags.writes(p.add_argument("--output", required=True, metavar="DIR",
+                                   help="vocabulary directory to create (local or gs://)"), directory=True)
+    io_flags.reads(p.add_argument("--tokenizer", metavar="PATH",
                    help="count words as this tokenizer splits them: a Hugging Face tokenizer.json (its normalizer "
                    "and pre-tokenizer), or a BERT vocab.txt with --cased; give `corpus prepare` the same one "
-                   "(default: BERT's uncased words)")
+                   "(default: BERT's uncased words)"))
     p.add_argument("--cased", action="store_true", help="with --tokenizer VOCAB_TXT: BERT's cased words")
     p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
                    help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
@@ -66,11 +68,11 @@ def _add_build(commands) -> None:
                    help="threads for reading and counting (default: every core)")
     p.add_argument("--memory-mb", type=int, default=_option("memory_mb"),
                    help="n-gram counts held in memory before they spill to disk partitions (default %(default)s)")
-    p.add_argument("--tmp-dir", default=None,
+    io_flags.scratch(p.add_argument("--tmp-dir", default=None,
                    help="local directory for the word-id stream and spilled counts (default: a hidden temporary "
                    "directory beside a local --output, $TMPDIR for gs://); needs about 16 bytes per corpus word, "
                    "plus the counts that spill; removed at the end, and what a killed run left is removed by the "
-                   "next run")
+                   "next run"))
     p.add_argument("--sample-words", type=int, default=0, metavar="N",
                    help="build from a seeded sample of whole documents of about N whitespace-separated words "
                    "(the documents of lowest hash priority; the same on every runner), not the whole corpus "
@@ -79,6 +81,7 @@ def _add_build(commands) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
+    io_flags.beam_flags(p)
     p.set_defaults(func=run_build)
 
 
@@ -86,7 +89,7 @@ def _add_show(commands) -> None:
     p = commands.add_parser("show", help="print the top entries of each length of a vocabulary",
                             description="Print the first --top n-grams of each length of a vocabulary directory "
                             "made by 'vocab build', with count and score.")
-    p.add_argument("directory", metavar="DIR", help="vocabulary directory (local or gs://)")
+    io_flags.reads(p.add_argument("directory", metavar="DIR", help="vocabulary directory (local or gs://)"))
     p.add_argument("--top", type=int, default=10, help="entries per length (default 10)")
     p.set_defaults(func=run_show)
 
@@ -97,7 +100,7 @@ def _add_check(commands) -> None:
                             "(words separated by spaces; e.g. a published list) or as a vocabulary directory: every "
                             "entry must be 2 to 5 words in this project's word normalisation (uncased BERT basic "
                             "tokenizer). Exit status 1 if any entry is not.")
-    p.add_argument("path", metavar="FILE", help="list file or vocabulary directory (local or gs://)")
+    io_flags.reads(p.add_argument("path", metavar="FILE", help="list file or vocabulary directory (local or gs://)"))
     p.set_defaults(func=run_check)
 
 
@@ -110,19 +113,20 @@ def _add_select(commands) -> None:
         "f = 2rc/(r+c). Prints r, c and f per size, writes the plot, and recommends the size with the highest "
         "f. Build VOCAB_DIR larger than the sizes to try: sizes run up to its size. docs/experiments.md, "
         "'Choosing the vocabulary size', gives the paper's labelling recipe.")
-    p.add_argument("directory", metavar="VOCAB_DIR", help="vocabulary directory made by 'vocab build' (local or gs://)")
-    p.add_argument("--labels", required=True, metavar="FILE",
+    io_flags.reads(p.add_argument("directory", metavar="VOCAB_DIR",
+                                  help="vocabulary directory made by 'vocab build' (local or gs://)"))
+    io_flags.reads(p.add_argument("--labels", required=True, metavar="FILE",
                    help="one labelled n-gram per line: the n-gram, a tab, then 1 (collocation) or 0 (not); "
-                   "n-grams are lower-cased and split into words as the vocabulary's are")
+                   "n-grams are lower-cased and split into words as the vocabulary's are"))
     p.add_argument("--step", type=int, default=50_000,
                    help="list sizes step, 2*step, ... up to the vocabulary's size (default %(default)s, the paper's)")
     p.add_argument("--order", choices=("shares", "score"), default="shares",
                    help="shares (default): the list of size M is what 'vocab build --size M' would select with "
                    "this vocabulary's --shares; score: the M best scores over all lengths together, the paper's "
                    "wording")
-    p.add_argument("--plot", default=None, metavar="PNG",
+    io_flags.writes(p.add_argument("--plot", default=None, metavar="PNG",
                    help="where to write the plot of r, c and f against size (default: FILE with its extension "
-                   "replaced by .select.png)")
+                   "replaced by .select.png)"))
     p.set_defaults(func=run_select)
 
 

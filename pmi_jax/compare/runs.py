@@ -38,6 +38,7 @@ class Run:
     training: dict[int, dict]  # step -> scalars logged at that step (the last write wins)
     perplexity: dict[tuple[str, str], dict[int, dict]]  # (split, unit) -> step -> `eval perplexity` result
     finetune: dict[tuple[str, str], dict[int, dict]]  # (task, protocol) -> step -> `eval finetune` result
+    changes: tuple = ()  # settings changed on resuming (`train --allow-changed`), as the metadata records them
 
     @property
     def train_seed(self):
@@ -107,7 +108,7 @@ def read_run(path: str) -> Run:
         raise UserInputError(f"{path}: no such run directory")
     step, metadata = _latest_metadata(path)
     run = Run(path, os.path.basename(path), metadata.run_scheme, metadata.config, step,
-              run_dir.read_metrics_file(run_dir.metrics_path(path)), {}, {})
+              run_dir.read_metrics_file(run_dir.metrics_path(path)), {}, {}, metadata.changes)
     eval_dir = storage.join(path, EVAL_DIR)
     if not storage.gfile.isdir(eval_dir):
         return run
@@ -152,6 +153,10 @@ def mismatches(runs: list[Run]) -> list[str]:
             if reference.get(key) != settings.get(key):
                 lines.append(f"{run.name} ({run.scheme}): {key} = {settings.get(key)!r}, but "
                              f"{runs[0].name} ({runs[0].scheme}) has {reference.get(key)!r}")
+    for run in runs:  # a run that changed a setting midway is not one setting throughout
+        for change in run.changes:
+            lines.append(f"{run.name} ({run.scheme}): {change['setting']} changed from {change['from']!r} to "
+                         f"{change['to']!r} at step {change['step']} (resumed with --allow-changed)")
     pairs = [(r.scheme, r.seeds) for r in runs]
     for scheme, seed in sorted({p for p in pairs if pairs.count(p) > 1}, key=str):
         lines.append(f"scheme {scheme} with seed {seed} appears in {pairs.count((scheme, seed))} runs: "

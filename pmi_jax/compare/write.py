@@ -31,6 +31,10 @@ def write_report(run_dirs: list[str], output: str, *, released: list[str] = (), 
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in run_dirs]
     released_results = [read_finetune_result(path, released=True) for path in released]
+    scored = sorted({key[0] for run in runs for key in run.perplexity})
+    if split is not None and split not in scored:
+        raise UserInputError(f"--split {split}: no run was scored on it (`eval perplexity --split {split}`); scored "
+                             f"splits: {', '.join(scored) or 'none yet'}")
     perplexity = perplexity_tables.perplexity_tables(runs, split)
     tables = [*perplexity, *report.finetune_tables(runs)]
     tables += paper_tables.tables(runs, released_results)  # the paper's Tables 2, 3, 8 and 6-7

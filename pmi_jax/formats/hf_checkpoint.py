@@ -179,10 +179,11 @@ def tokenizer_json(tokens: Sequence[str]) -> dict:
     }
 
 
-def read_config(directory: str) -> dict:
+def read_config(directory: str, option: str = "--init-from") -> dict:
+    """config.json of a transformers checkpoint; errors name `directory` as `option` gave it."""
     path = _path(directory, CONFIG_FILE)
     if not storage.gfile.exists(path):
-        raise UserInputError(f"--init-from {directory}: no {CONFIG_FILE}: not a transformers checkpoint directory")
+        raise UserInputError(f"{option} {directory}: no {CONFIG_FILE}: not a transformers checkpoint directory")
     with storage.gfile.GFile(path) as f:
         try:
             config = json.load(f)
@@ -193,8 +194,9 @@ def read_config(directory: str) -> dict:
     return config
 
 
-def read_tensors(directory: str) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint by its PyTorch name, from one safetensors file or an index of shards."""
+def read_tensors(directory: str, option: str = "--init-from") -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint by its PyTorch name, from one safetensors file or an index of
+    shards; errors name `directory` as `option` gave it."""
     from safetensors.numpy import load
 
     single, index = _path(directory, WEIGHTS_FILE), _path(directory, WEIGHTS_INDEX_FILE)
@@ -204,11 +206,11 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
         files = [_path(directory, name) for name in _index_files(index)]
     elif storage.gfile.exists(_path(directory, TORCH_WEIGHTS_FILE)):
         raise UserInputError(
-            f"--init-from {directory}: holds only {TORCH_WEIGHTS_FILE}, which needs PyTorch to read; save it as "
+            f"{option} {directory}: holds only {TORCH_WEIGHTS_FILE}, which needs PyTorch to read; save it as "
             f"{WEIGHTS_FILE} first (with PyTorch: from_pretrained(DIR).save_pretrained(DIR2), whose default is "
             "safetensors)")
     else:
-        raise UserInputError(f"--init-from {directory}: no {WEIGHTS_FILE} (or {WEIGHTS_INDEX_FILE})")
+        raise UserInputError(f"{option} {directory}: no {WEIGHTS_FILE} (or {WEIGHTS_INDEX_FILE})")
     tensors = {}
     for path in files:
         with storage.gfile.GFile(path, "rb") as f:

@@ -50,10 +50,17 @@ class CheckpointMetadata:
     vocab_sha256: str | None = None  # None: trained on synthetic batches, no vocab.txt
     jax_version: str | None = None
     process_count: int | None = None
+    # Settings changed when the run was resumed with `train --allow-changed`, oldest first:
+    # {"setting": "data.mask_rate", "from": 0.15, "to": 0.3, "step": 30} (from that step on).
+    changes: tuple = ()
 
     def to_json(self) -> dict:
-        """The dict Orbax writes (keys in field order, as every version has written them)."""
-        return dataclasses.asdict(self)
+        """The dict Orbax writes (keys in field order, as every version has written them; `changes`
+        only where there are some, so that an unchanged run's metadata is byte-identical)."""
+        record = dataclasses.asdict(self)
+        if not self.changes:
+            del record["changes"]
+        return record
 
     @classmethod
     def from_json(cls, record: dict) -> "CheckpointMetadata":
@@ -64,6 +71,7 @@ class CheckpointMetadata:
         values = {k: v for k, v in record.items() if k in names}
         values.setdefault("model", {})
         values["config"] = values.get("config") or {}
+        values["changes"] = tuple(values.get("changes") or ())
         return cls(**values)
 
     @property

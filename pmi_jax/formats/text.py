@@ -12,6 +12,8 @@ from __future__ import annotations
 from pmi_jax.errors import UserInputError
 
 MAX_INVALID_FRACTION = 0.25
+WARN_INVALID_FRACTION = 0.001  # above this share of replaced bytes a file is named in a warning
+_WARNED: set[str] = set()  # files already named by that warning in this process
 SNIFF_BYTES = 4096  # how much of a file's start `check_not_wide` looks at
 # Byte-order marks of the encodings whose text is not UTF-8 bytes (UTF-32's first: it starts with UTF-16's).
 _WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
@@ -48,9 +50,17 @@ def decode(raw: bytes) -> tuple[str, int]:
 
 
 def check_mostly_valid(name: str, invalid: int, total: int) -> None:
-    """Refuse a file whose share of invalid UTF-8 bytes says it is not text."""
+    """Refuse a file whose share of invalid UTF-8 bytes says it is not text; warn once (per
+    process) about one whose share says it is another encoding (Latin-1 text: a few percent)."""
     if invalid > MAX_INVALID_FRACTION * total:
         raise UserInputError(f"{name}: not UTF-8 text ({invalid} of its {total} bytes are not valid UTF-8)")
+    if invalid > WARN_INVALID_FRACTION * total and name not in _WARNED:
+        import logging
+
+        _WARNED.add(name)
+        logging.warning("%s: %d of its %d bytes (%.1f%%) are not valid UTF-8 and became U+FFFD; if it is Latin-1 "
+                        "or another encoding, convert it first (e.g. iconv -f LATIN1 -t UTF-8)", name, invalid,
+                        total, 100 * invalid / total)
 
 
 def read_text(name: str, raw: bytes) -> str:

@@ -298,6 +298,38 @@ def check_config(config: PrepareConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 # One shard.
 
+def _encode(encoder, texts: list[str]):
+    """(flat words, doc_word_splits, ids, word_token_splits) of documents, by `tokenizers` or WordPiece."""
+    if isinstance(encoder, hf_tokenizer.HFTokenizer):
+        words, doc_word_splits, ids, word_token_splits = encoder.encode(texts)
+        return tf.constant(words, tf.string), doc_word_splits, ids, word_token_splits
+    words = split_words_ragged(tf.constant(texts))
+    ids, word_token_splits = encoder.encode_words(words.flat_values)
+    return words.flat_values, words.row_splits.numpy(), ids, word_token_splits
+
+
+_SAMPLE_CHARS = 1 << 22  # text of the corpus's first documents that `check_tokens_known` encodes
+MAX_UNKNOWN_SHARE = 0.5  # more [UNK] than this among the sample's tokens: the tokenizer does not fit the text
+
+
+def check_tokens_known(corpus: CorpusFiles, encoder, tokens: Sequence[str], source: str) -> None:
+    """Refuse, before any shard is written, a tokenizer that makes (almost) only [UNK] of this
+    corpus: a pre-tokenizer whose words are whole lines, text without spaces, another script.
+    The corpus's first documents (up to 4M characters) are encoded as the shards would be."""
+    texts, size = [], 0
+    for text in documents.iter_documents(corpus.files, corpus.text_field):
+        texts.append(text)
+        size += len(text)
+        if size >= _SAMPLE_CHARS:
+            break
+    ids = _encode(encoder, texts)[2]
+    unknown = int(np.sum(ids == wordpiece_vocab.special_ids(tokens)["unk"]))
+    if not len(ids) or unknown > MAX_UNKNOWN_SHARE * len(ids):
+        raise UserInputError(f"{source}: {unknown} of the {len(ids)} tokens of the corpus's first {len(texts)} "
+                             f"documents are [UNK]; this vocabulary does not fit the text (check --input and "
+                             "the tokenizer)")
+
+
 def _batches(docs: Iterable[tuple[int, str]]) -> Iterator[tuple[np.ndarray, list[str]]]:
     keys, texts, size = [], [], 0
     for key, text in docs:
@@ -328,13 +360,7 @@ class ShardWriter:
     def sequences(self, docs: Iterable[tuple[int, str]], packer: SequencePacker) -> Iterator[dict[str, np.ndarray]]:
         """Packed sequences of the (key, text) documents, in order; a key seeds its document's units."""
         for doc_keys, texts in _batches(docs):
-            if isinstance(self.encoder, hf_tokenizer.HFTokenizer):
-                words, doc_word_splits, ids, word_token_splits = self.encoder.encode(texts)
-                flat_words = tf.constant(words, tf.string)
-            else:
-                words = split_words_ragged(tf.constant(texts))
-                flat_words, doc_word_splits = words.flat_values, words.row_splits.numpy()
-                ids, word_token_splits = self.encoder.encode_words(flat_words)
+            flat_words, doc_word_splits, ids, word_token_splits = _encode(self.encoder, texts)
             pieces_per_word = np.diff(word_token_splits)
             self.words += len(pieces_per_word)
             self.documents += len(texts)
@@ -536,6 +562,10 @@ def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[s
         counts = collections.Counter(count_words(corpus.files, config.workers, corpus.text_field, config.progress,
                                                  _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size, config.workers)
+        if len(tokens) <= len(wordpiece_vocab.SPECIAL_TOKENS):
+            raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus yields no WordPiece token besides "
+                                 f"the special ones ({sum(counts.values())} words, {len(counts)} distinct; pieces "
+                                 "seen under 10 times are left out): too little text, or text without spaces")
     wordpiece_vocab.write_vocab(target, tokens)
     return tokens
 
@@ -561,6 +591,15 @@ class PreparePlan:
         c = self.config
         tokenizer_json = prepared_corpus.tokenizer_path(c.output) if self.tokenizer is not None else None
         return WorkerContext(c.output, self.vocab_txt, c.units, c.seq_len, c.seed, tokenizer_json)
+
+    def check_tokens_known(self) -> None:
+        """`check_tokens_known` with the given --tokenizer or --wordpiece."""
+        if self.tokenizer is not None:
+            check_tokens_known(self.corpus, self.tokenizer, self.given_wordpiece,
+                               f"--tokenizer {self.tokenizer.source}")
+        else:
+            check_tokens_known(self.corpus, wordpiece.WordPieceEncoder(self.config.wordpiece), self.given_wordpiece,
+                               f"--wordpiece {self.config.wordpiece}")
 
     def install_given(self) -> None:
         """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
@@ -631,6 +670,8 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         with storage.scratch_directory(config.output) as scratch:
             pieces = _route(plan, scratch)  # first: an empty corpus is refused before any file is written
             if plan.given_wordpiece is not None:
+                if len(plan.todo) == len(plan.tasks):  # a fresh start: the tokens are checked before any shard
+                    plan.check_tokens_known()
                 plan.install_given()
             else:
                 _install_wordpiece(config, plan.corpus, None)

@@ -254,11 +254,18 @@ def _read_table(path: str, text_field: str, start: int, points: bool) -> Iterato
     kind = "Parquet" if path.endswith(".parquet") else "Arrow"
     try:
         with _open_table_file(path) as source:
-            previous = None
+            previous, row = None, 0
             for part, batch in _record_batches(path, source, text_field, start):
                 resume = (part, 0) if part is not None and part != previous else None
                 previous = part
-                for text in batch.column(0).to_pylist():
+                column = batch.column(0)
+                if column.null_count:  # refused as a JSON-lines null is: a row the user may not know is empty
+                    first = row + column.is_null().to_pylist().index(True) + 1
+                    raise UserInputError(f"--input {path}: {column.null_count} rows of this batch have a null "
+                                         f"{text_field!r}, the first row {first}{' after the resume point' if start else ''}; "
+                                         "drop or fill the nulls (a JSON-lines null is refused too)")
+                row += len(column)
+                for text in column.to_pylist():
                     if text is not None and text.strip():
                         yield (text, resume) if points else text
                         resume = None

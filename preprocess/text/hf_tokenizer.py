@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +20,10 @@ import numpy as np
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import wordpiece_vocab
+
+
+_PROBE = "The United States Air Force was formed in 1947.\nIt flies."
+_SPACE = re.compile(r"\s")
 
 
 class HFTokenizer:
@@ -43,6 +48,7 @@ class HFTokenizer:
             raise UserInputError(f"--tokenizer {source}: added tokens that are not special ({plain_added[0]!r}, ...) "
                                  "split words apart from the pre-tokenizer; not supported")
         self.tokens = self._tokens()
+        self.words([_PROBE])  # a pre-tokenizer that keeps spaces inside words is refused before any input is read
 
     @property
     def model(self) -> str:
@@ -82,7 +88,13 @@ class HFTokenizer:
         """The words of each document: the normalizer, then the pre-tokenizer."""
         normalize = self.tokenizer.normalizer.normalize_str if self.tokenizer.normalizer else (lambda s: s)
         split = self.tokenizer.pre_tokenizer.pre_tokenize_str
-        return [[w for w, _ in split(normalize(doc))] for doc in documents]
+        words = [[w for w, _ in split(normalize(doc))] for doc in documents]
+        for document in words:
+            if _SPACE.search("".join(document)):  # one search per document; the word only for the message
+                spaced = next(w for w in document if _SPACE.search(w))
+                raise UserInputError(f"--tokenizer {self.source}: its pre-tokenizer makes words holding white space "
+                                     f"({spaced[:40]!r}); masking units need words without it (docs/tokenizers.md)")
+        return words
 
     def words_flat(self, documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """As `preprocess.text.words.split_words_flat`: (bytes per word, row_splits [documents + 1])."""
