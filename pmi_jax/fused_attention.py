@@ -1,23 +1,13 @@
-"""Flash attention with the paper's attention dropout drawn inside the kernel (Pallas, Triton on GPUs).
+"""Flash attention with the paper's attention dropout drawn inside the kernel (Pallas; Triton on GPUs).
 
-BERT's attention dropout (the paper's 0.1, Appendix A) drops entries of the [B, H, L, L]
-probabilities. Written out, XLA materialises the scores, the probabilities and the mask: about
-half of the paper's training step on an H100 (docs/gpu.md). cuDNN's fused kernel has a dropout,
-but its mask follows a static seed, not the training step's key, so a resumed run would not
-redraw the same masks. Here the keep decision of entry (b, h, q, k) is a pure function of
-per-(b, h) random words drawn from the layer's dropout key and of the positions q and k, evaluated
-in the forward kernel and again in the backward kernels (nothing [L, L] is stored), and by
-`keep_mask` in plain jnp, so a test can hand the same mask to the written-out attention.
-
-The hash is ours: each query row and key column gets a 32-bit word, lowbias32(stream + position)
-(Wellons' two-multiply integer finaliser, a bijection with near-ideal avalanche), and the entry
-is lowbias32(row word + column word): one finaliser per entry, plain uint32 adds, multiplies,
-shifts and xors that Triton compiles and jnp evaluates identically. An entry is kept where its
-32 bits are below round((1 - rate) 2^32), so the keep probability is 1 - rate to 2^-32.
-
-Padding is a suffix of each sequence given by its length (as the model's batches make it): keys
-at or past the length get no weight, key blocks wholly past it are skipped. A sequence of length
-0 attends uniformly to the first key block instead of to every key (its loss weight is 0).
+Written out, attention dropout stores [B, H, L, L] scores, probabilities and mask; cuDNN's fused
+dropout follows a static seed, so a resumed run would draw other masks. Here entry (b, h, q, k)
+is kept where lowbias32(row word + column word) < round((1 - rate) 2^32), the words being
+lowbias32 of per-(b, h) streams (random bits of the layer's dropout key) plus q or k: plain
+uint32 arithmetic that the forward kernel, both backward kernels and `keep_mask` (jnp, for tests)
+evaluate alike, so nothing [L, L] is stored and the same key redraws the same mask. Padding is
+a suffix given by each sequence's length. Why and what is tested: docs/gpu.md, "The Pallas
+attention with in-kernel dropout".
 
 Shape suffixes: B batch, L length, H heads, K head dim, Q and S query and key block.
 """
