@@ -81,6 +81,7 @@ GPU_PLAN = (
     KERNELS,
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
+    Variant("base-512-paper-pallas", overrides=("model.attention=pallas",), profile=True),
     Variant("base-128-paper-b128", seq_len=128, batch_per_device=128, profile=True, min_s=90),
     Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT, profile=True,
             min_s=90),
@@ -100,6 +101,7 @@ GPU_PLAN = (
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
     Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
     Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
+    Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
 )
 
 # The CPU dry run: the same code paths on a model small enough for a test.
@@ -253,13 +255,17 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     attention with and without dropout 0.1 (threefry, flax's bernoulli), JAX's XLA and cuDNN
     paths with key lengths, cuDNN's private API with its static-seed dropout (its speed only:
     the seed makes it unusable, docs/gpu.md), and Pallas' Triton flash attention with segment
-    ids (no dropout; the base a kernel with in-kernel dropout would start from). On CPU
-    (the dry run) the shapes are tiny, cuDNN is left out and Pallas runs in interpret mode.
+    ids (no dropout; the base a kernel with in-kernel dropout would start from), and ours,
+    `pmi_jax.fused_attention` (dropout 0.1 drawn in the kernel; two block shapes on a GPU; and
+    without dropout). `ours_vs_written_same_mask` checks ours against the written-out attention
+    given the same mask, values and gradients, as tests/test_fused_attention.py does interpreted.
+    On CPU (the dry run) the shapes are tiny, cuDNN is left out and Pallas runs in interpret mode.
     """
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from pmi_jax import fused_attention
     from pmi_jax.model import Dropout, written_attention
 
     device = (jax.devices(platform) if platform else jax.devices())[0]
@@ -298,6 +304,17 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
             q, kk, v, key_value_seq_lengths=lengths_B, implementation="cudnn")
         forms["cudnn private API, dropout 0.1 (static seed)"] = cudnn_dropout
     forms["pallas triton flash, segment ids"] = pallas
+    streams = fused_attention.dropout_streams(rng, b, h)
+
+    def ours(rate, blocks=fused_attention.DEFAULT_BLOCKS):
+        return lambda q, kk, v: fused_attention.attention(q, kk, v, lengths_B, streams, rate=rate, blocks=blocks,
+                                                          interpret=not on_gpu)
+
+    forms[f"ours, dropout 0.1 in the kernel, blocks {fused_attention.DEFAULT_BLOCKS}"] = ours(0.1)
+    if on_gpu:
+        forms["ours, dropout 0.1 in the kernel, blocks (128, 64)"] = ours(0.1, (128, 64))
+        forms["ours, dropout 0.1 in the kernel, blocks (32, 32)"] = ours(0.1, (32, 32))
+    forms["ours, no dropout"] = ours(0.0)
 
     results = {}
     for name, fn in forms.items():
@@ -314,7 +331,39 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
                              "ms_min": round(1e3 * min(times), 3)}
         except Exception as e:  # noqa: BLE001 - one form that does not lower must not cost the others
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-    return {"variant": KERNELS.name, "shape": [b, length, h, k], "layers_per_step": 12, "forms": results}
+    return {"variant": KERNELS.name, "shape": [b, length, h, k], "layers_per_step": 12, "forms": results,
+            "ours_vs_written_same_mask": _same_mask_errors(q, kk, v, g, lengths_B, valid_BxL, streams, ours(0.1))}
+
+
+def _same_mask_errors(q, kk, v, g, lengths_B, valid_BxL, streams, ours) -> dict:
+    """Max |ours - reference| / max |reference| of out, dq, dk, dv, the reference being the written-out
+    attention in float32 with ours' mask; beside it, the written-out attention's own error in bf16."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pmi_jax import fused_attention
+    from pmi_jax.model import written_attention
+
+    mask = fused_attention.keep_mask(streams, q.shape[1], 0.1)
+
+    def written(q, kk, v):
+        return written_attention(q, kk, v, valid_BxL, lambda p: p * mask.astype(p.dtype) / 0.9)
+
+    def values(fn, *qkv):
+        out, vjp = jax.vjp(fn, *qkv)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
+
+    try:
+        exact = values(jax.jit(written), *(x.astype(jnp.float32) for x in (q, kk, v)))
+        errors = {}
+        for label, fn in (("ours", ours), ("written bf16", written)):
+            got = values(jax.jit(fn), q, kk, v)
+            errors[label] = {n: float(np.abs(a - e).max() / np.abs(e).max())
+                             for n, a, e in zip(("out", "dq", "dk", "dv"), got, exact)}
+        return errors
+    except Exception as e:  # noqa: BLE001 - the timings above stand without it
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
 
 
 # --------------------------------------------------------------------------------------
@@ -355,7 +404,8 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
     record = {"variant": variant.name, "size": variant.size, "seq_len": variant.seq_len,
               "batch_per_device": variant.batch_per_device, "devices": n, "device_kind": devices[0].device_kind,
               "overrides": list(variant.overrides), "xla_flags": list(variant.xla_flags),
-              "attention": settled.attention if settled.attention_dropout_rate == 0 else "written out (dropout)",
+              "attention": (settled.attention if settled.attention_dropout_rate == 0 or "pallas" in settled.attention
+                            else "written out (dropout)"),
               "embedding_grad": settled.embedding_grad, "jax": jax.__version__}
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
@@ -457,7 +507,10 @@ def _line(r: dict) -> str:
     if r["variant"] == KERNELS.name:
         return "\n".join([f"{r['variant']:<30} one layer's attention, forward + backward, {r['shape']}"] + [
             f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
-            for name, f in r["forms"].items()])
+            for name, f in r["forms"].items()] + [
+            f"{'':<32}ours vs written, same mask (max error / max): " + "; ".join(
+                f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
+                for who, errs in r["ours_vs_written_same_mask"].items())])
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"

@@ -39,7 +39,8 @@ MASK_RATE = 0.15  # the paper's (and BERT's) share of the non-special tokens sel
 MASK_RATE_UNIT = 10_000  # rates are whole basis points, so every budget is integer arithmetic
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-interpret")
+PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
 GELUS = ("erf", "tanh")
 
@@ -86,10 +87,14 @@ class ModelConfig:
     # compiled for CPUs only, "always", or "never" (the plain `jax.random.bernoulli` and
     # reduction everywhere). Compiled for a TPU they cost time and memory (docs/tpu.md).
     xla_cpu_variants: str = "cpu"
-    # Attention kernel when attention dropout is 0 (with dropout the scores, softmax and
-    # dropout are always written out): "cudnn" (cuDNN's fused flash attention, GPUs with
-    # bfloat16 only), "xla" (jax.nn.dot_product_attention's XLA path), or "auto": cudnn in
-    # programs compiled for GPUs where cuDNN applies, xla elsewhere (`pmi_jax.model.for_platform`).
+    # Attention kernel. Without attention dropout: "cudnn" (cuDNN's fused flash attention, GPUs
+    # with bfloat16 only), "xla" (jax.nn.dot_product_attention's XLA path), or "auto": cudnn in
+    # programs compiled for GPUs where cuDNN applies, xla elsewhere (`pmi_jax.model.for_platform`);
+    # with dropout, "auto", "xla" write the scores, softmax and dropout out. "pallas": the Pallas
+    # flash attention whose dropout mask is drawn inside the kernel from the step's dropout key
+    # (`pmi_jax.fused_attention`, with or without dropout), settled to "pallas-triton" in GPU
+    # programs and "pallas-interpret" (Pallas' interpreter: slow, for tests) in CPU programs.
+    # Never chosen by "auto" until measured faster on a GPU (docs/gpu.md).
     attention: str = "auto"
     # Gradient of the word-embedding lookup: "scatter" (XLA's scatter-add of every token's
     # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),
@@ -126,10 +131,13 @@ class ModelConfig:
         if self.attention == "cudnn" and self.attention_dropout_rate != 0.0:
             raise UserInputError(f"model.attention=cudnn needs model.attention_dropout_rate=0 (got "
                                  f"{self.attention_dropout_rate}): the fused kernel has no dropout that follows "
-                                 "the training step's key (docs/gpu.md)")
+                                 "the training step's key (docs/gpu.md; model.attention=pallas has one)")
         if self.attention == "cudnn" and self.dtype != "bfloat16":
             raise UserInputError(f"model.attention=cudnn needs model.dtype=bfloat16 (got {self.dtype!r}): "
                                  "cuDNN's fused attention takes 16-bit inputs only")
+        if self.attention in PALLAS_ATTENTION and (self.head_dim < 16 or self.head_dim & (self.head_dim - 1)):
+            raise UserInputError(f"model.attention={self.attention} needs a head dimension that is a power of two of "
+                                 f"at least 16 (got {self.head_dim} = hidden_size / num_heads): Triton's blocks")
         if self.embedding_grad not in EMBEDDING_GRADS:
             raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
                                  f"{', '.join(EMBEDDING_GRADS)}")

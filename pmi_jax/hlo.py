@@ -247,6 +247,7 @@ def _attention_target(target: str) -> bool:
 # Kernel -> model operation
 # --------------------------------------------------------------------------------------
 
+OUR_ATTENTION_KERNELS = "attention_dropout_"  # in the names of pmi_jax.fused_attention's Triton calls
 CATEGORIES = ("matmul", "attention", "scatter", "elementwise", "optimizer", "other")
 
 
@@ -274,7 +275,7 @@ def category(module: Module, inst: Instruction) -> str:
     functions = {f for _, f in frames}
     if inst.opcode in ("while", "conditional", "call"):
         return "control"
-    if _attention_target(inst.target):
+    if _attention_target(inst.target) or OUR_ATTENTION_KERNELS in inst.attributes:
         return "attention"
     if inst.opcode == "scatter" or (inst.opcode == "fusion" and any(
             _contains(module, c, lambda i: i.opcode == "scatter", set()) for c in inst.calls)):

@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
-from pmi_jax.config import ModelConfig
+from pmi_jax import fused_attention
+from pmi_jax.config import PALLAS_ATTENTION, ModelConfig
+from pmi_jax.errors import UserInputError
 
 __all__ = ["ModelConfig", "BertEmbeddings", "SelfAttention", "FeedForward", "BertLayer", "BertEncoder",
            "BertForMaskedLM", "stack_layers", "unstack_layers", "SCANNED_LAYERS"]
@@ -186,6 +188,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       jax.nn.dot_product_attention's XLA path elsewhere.
     - `embedding_grad="auto"`: the sorted segment sum on GPUs, where the scatter's atomics cost
       14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
+    - `attention="pallas"`: the kernel compiled by Triton on GPUs, run by Pallas' interpreter on
+      CPUs; refused elsewhere (the kernel is Triton's, TPUs compile Mosaic).
     Explicit choices are kept.
     """
     changes = {}
@@ -193,6 +197,11 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
         changes["xla_cpu_variants"] = "always" if platform == "cpu" else "never"
     if config.attention == "auto":
         changes["attention"] = "cudnn" if cudnn_attention_applies(config, platform) else "xla"
+    if config.attention == "pallas":
+        if platform not in ("gpu", "cuda", "cpu"):
+            raise UserInputError(f"model.attention=pallas: the kernel is written for GPUs (Triton); a {platform} "
+                                 "program takes model.attention=xla")
+        changes["attention"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
     return dataclasses.replace(config, **changes) if changes else config
@@ -347,7 +356,10 @@ class SelfAttention(nn.Module):
     attention; settled for GPU programs in bf16, `for_platform`) or "xla" (JAX's reference
     path, which XLA compiles like the written-out one). Lengths rather than a boolean mask,
     because cuDNN takes a mask as a bias whose full [B, H, L, L] gradient the backward pass
-    computes, whereas with lengths it skips the padding blocks.
+    computes, whereas with lengths it skips the padding blocks. With `config.attention` "pallas"
+    (either dropout rate) it is `fused_attention.attention`, whose dropout mask is a function of
+    this layer's dropout key and the entry's position, drawn inside the kernel: the same masks as
+    long as the key is the same, so a resumed run redraws them.
     """
 
     config: ModelConfig
@@ -373,7 +385,9 @@ class SelfAttention(nn.Module):
         k_BxLxHxK = nn.with_logical_constraint(k_BxLxHxK, ("batch", "length", "heads", "kv"))
         v_BxLxHxK = nn.with_logical_constraint(v_BxLxHxK, ("batch", "length", "heads", "kv"))
 
-        if c.attention_dropout_rate == 0.0:
+        if c.attention in PALLAS_ATTENTION:
+            out_BxLxHxK = self._pallas(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, deterministic)
+        elif c.attention_dropout_rate == 0.0:
             lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
             out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
                                                        key_value_seq_lengths=lengths_B,
@@ -384,6 +398,16 @@ class SelfAttention(nn.Module):
                                             lambda p: dropout(p, deterministic=deterministic))
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
         return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
+
+    def _pallas(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, deterministic: bool):
+        """The Pallas kernel; its streams come from this layer's "dropout" RNG, as `Dropout`'s mask would."""
+        c = _settled(self.config)
+        rate = 0.0 if deterministic else c.attention_dropout_rate
+        batch, _, heads, _ = q_BxLxHxK.shape
+        streams_BxHx2 = fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate else None
+        lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
+        return fused_attention.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2, rate=rate,
+                                         interpret=c.attention == "pallas-interpret")
 
 
 class FeedForward(nn.Module):

@@ -196,3 +196,44 @@ def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
                                model.apply({"params": params}, ids, mask, deterministic=True), rtol=1e-5, atol=1e-5)
     jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-6),
                  jax.grad(loss)(params, fused), jax.grad(loss)(params, model))
+
+
+@pytest.mark.parametrize("platform, expected", [("gpu", "pallas-triton"), ("cuda", "pallas-triton"),
+                                                ("cpu", "pallas-interpret")])
+def test_pallas_attention_is_settled_to_triton_on_gpus_and_the_interpreter_on_cpus(platform, expected):
+    for dropout in (0.1, 0.0):
+        config = dataclasses.replace(CONFIG, attention="pallas", attention_dropout_rate=dropout, num_heads=2)
+        assert for_platform(config, platform).attention == expected
+        assert for_platform(for_platform(config, platform), "cpu").attention == expected  # settled once
+    # "auto" never takes it (measure before adopting: docs/gpu.md).
+    for platform in ("gpu", "cpu", "tpu"):
+        assert "pallas" not in for_platform(dataclasses.replace(CONFIG, attention_dropout_rate=0.1), platform).attention
+
+
+def test_pallas_attention_is_refused_where_it_cannot_run():
+    with pytest.raises(UserInputError, match="a tpu program takes model.attention=xla"):
+        for_platform(dataclasses.replace(CONFIG, attention="pallas", num_heads=2), "tpu")
+    with pytest.raises(UserInputError, match="power of two of at least 16"):
+        dataclasses.replace(CONFIG, attention="pallas", hidden_size=36, num_heads=3)  # head dim 12
+    with pytest.raises(UserInputError, match="power of two of at least 16"):
+        dataclasses.replace(CONFIG, attention="pallas", num_heads=4, hidden_size=32)  # head dim 8
+
+
+def test_model_with_the_pallas_kernel_matches_the_written_out_attention_without_dropout():
+    """attention=pallas (interpreted on CPU) in a whole model, dropout off: the loss gradients of the
+    written-out attention (float32, hidden 64, 2 heads of 32, sequences of 16 with padding)."""
+    config = dataclasses.replace(CONFIG, dtype="float32", hidden_size=64, num_heads=2, intermediate_size=64,
+                                 dropout_rate=0.0, attention_dropout_rate=0.1)
+    ids, mask = _inputs(length=16)
+    written = BertForMaskedLM(config)
+    params = nn.unbox(written.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+    real = np.asarray(mask, np.float32)
+
+    def loss(p, m):
+        logits = m.apply({"params": p}, ids, mask, deterministic=True)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], -1)[..., 0]
+        return jnp.sum(nll * real)
+
+    g_kernel = jax.grad(loss)(params, BertForMaskedLM(dataclasses.replace(config, attention="pallas")))
+    g_written = jax.grad(loss)(params, written)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-6), g_kernel, g_written)

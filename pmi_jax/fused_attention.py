@@ -1,0 +1,274 @@
+"""Flash attention with the paper's attention dropout drawn inside the kernel (Pallas; Triton on GPUs).
+
+Written out, attention dropout stores [B, H, L, L] scores, probabilities and mask; cuDNN's fused
+dropout follows a static seed, so a resumed run would draw other masks. Here entry (b, h, q, k)
+is kept where lowbias32(row word + column word) < round((1 - rate) 2^32), the words being
+lowbias32 of per-(b, h) streams (random bits of the layer's dropout key) plus q or k: plain
+uint32 arithmetic that the forward kernel, both backward kernels and `keep_mask` (jnp, for tests)
+evaluate alike, so nothing [L, L] is stored and the same key redraws the same mask. Padding is
+a suffix given by each sequence's length. Why and what is tested: docs/gpu.md, "The Pallas
+attention with in-kernel dropout".
+
+Shape suffixes: B batch, L length, H heads, K head dim, Q and S query and key block.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = ["attention", "dropout_streams", "keep_mask", "keep_threshold", "check_shapes"]
+
+_MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
+_LOG2E = math.log2(math.e)
+DEFAULT_BLOCKS = (64, 64)  # (query, key) block; on GPUs to be tuned (benchmarks/gpu_step.py)
+
+
+def _mix(x):
+    """lowbias32: a bijective uint32 finaliser (xorshift-multiply, two rounds)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _entry_bits(row_stream, col_stream, q_Q, k_S):
+    """uint32 [Q, S]: the random bits of entries (q, k) of one (b, h) with streams (row, col)."""
+    rows_Qx1 = _mix(row_stream + q_Q.astype(jnp.uint32))[:, None]
+    cols_1xS = _mix(col_stream + k_S.astype(jnp.uint32))[None, :]
+    return _mix(rows_Qx1 + cols_1xS)
+
+
+def keep_threshold(rate: float) -> int:
+    """Entries whose bits are below this are kept: round((1 - rate) 2^32), at most 2^32 - 1."""
+    return min(round((1.0 - rate) * 2**32), 2**32 - 1)
+
+
+def dropout_streams(rng, batch: int, heads: int) -> jax.Array:
+    """uint32 [B, H, 2]: the row and column streams of every (b, h), drawn from a dropout key."""
+    return jax.random.bits(rng, (batch, heads, 2), jnp.uint32)
+
+
+def keep_mask(streams_BxHx2, length: int, rate: float) -> jax.Array:
+    """bool [B, H, L, L]: the entries the kernel keeps, computed in plain jnp (tests, references)."""
+    pos_L = jnp.arange(length, dtype=jnp.uint32)
+    bits = jax.vmap(jax.vmap(lambda s: _entry_bits(s[0], s[1], pos_L, pos_L)))(streams_BxHx2)
+    return bits < jnp.uint32(keep_threshold(rate))
+
+
+def _blocks(length: int, blocks: tuple[int, int]) -> tuple[int, int]:
+    return min(blocks[0], length), min(blocks[1], length)
+
+
+def check_shapes(q_shape, blocks: tuple[int, int] = DEFAULT_BLOCKS) -> None:
+    """Raise ValueError unless [B, L, H, K] inputs fit the kernel: L a multiple of both blocks."""
+    length = q_shape[1]
+    block_q, block_k = _blocks(length, blocks)
+    if length % block_q or length % block_k:
+        raise ValueError(f"sequence length {length} is not a multiple of the attention blocks {blocks}")
+
+
+def _key_blocks(length, block_k):
+    """Key blocks holding a valid key (at least one, so a length-0 row has no empty softmax)."""
+    return jnp.maximum((length + block_k - 1) // block_k, 1)
+
+
+def _scores(q_QxK, k_SxK, key_start, length, scale):
+    """Scaled scores in log2 units, float32 [Q, S]; keys at or past `length` masked."""
+    s_QxS = plgpu.dot(q_QxK, k_SxK, trans_b=True) * (scale * _LOG2E)
+    key_S = key_start + jnp.arange(k_SxK.shape[0])
+    return jnp.where(key_S[None, :] < length, s_QxS, _MASK)
+
+
+def _keep(streams_ref, q_start, block_q, k_start, block_k, threshold):
+    q_Q = q_start + jnp.arange(block_q)
+    k_S = k_start + jnp.arange(block_k)
+    return _entry_bits(streams_ref[0], streams_ref[1], q_Q, k_S) < jnp.uint32(threshold)
+
+
+def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate, block_k):
+    length = lengths_ref[pl.program_id(0)]
+    block_q, head_dim = q_ref.shape
+    q_start = pl.program_id(2) * block_q
+    q_QxK = q_ref[...]
+
+    def body(j, carry):
+        o_QxK, m_Q, l_Q = carry
+        k_start = j * block_k
+        s_QxS = _scores(q_QxK, k_ref[pl.ds(k_start, block_k), :], k_start, length, scale)
+        m_next_Q = jnp.maximum(m_Q, jnp.max(s_QxS, axis=1))
+        correction_Q = jnp.exp2(m_Q - m_next_Q)
+        p_QxS = jnp.exp2(s_QxS - m_next_Q[:, None])
+        l_Q = correction_Q * l_Q + jnp.sum(p_QxS, axis=1)  # the softmax's sum: before dropout
+        if rate > 0.0:
+            p_QxS = jnp.where(_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate)),
+                              p_QxS, 0.0)
+        v_SxK = v_ref[pl.ds(k_start, block_k), :]
+        o_QxK = correction_Q[:, None] * o_QxK + plgpu.dot(p_QxS.astype(v_SxK.dtype), v_SxK)
+        return o_QxK, m_next_Q, l_Q
+
+    init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32))
+    o_QxK, m_Q, l_Q = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, init)
+    o_ref[...] = (o_QxK / (l_Q * (1.0 - rate))[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m_Q + jnp.log2(l_Q)
+
+
+def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, delta_Q, keep_QxS, k_start, length, scale, rate):
+    """The probabilities after dropout and the scores' gradient (softmax backward) of one block."""
+    p_QxS = jnp.exp2(_scores(q_QxK, k_SxK, k_start, length, scale) - lse_Q[:, None])
+    dp_QxS = plgpu.dot(do_QxK, v_SxK, trans_b=True)
+    if keep_QxS is not None:
+        dp_QxS = jnp.where(keep_QxS, dp_QxS, 0.0) / (1.0 - rate)
+        dropped_QxS = jnp.where(keep_QxS, p_QxS, 0.0) / (1.0 - rate)
+    else:
+        dropped_QxS = p_QxS
+    return dropped_QxS, p_QxS * (dp_QxS - delta_Q[:, None])
+
+
+def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                scale, rate, block_q):
+    length = lengths_ref[pl.program_id(0)]
+    block_k, head_dim = k_ref.shape
+    k_start = pl.program_id(2) * block_k
+    k_SxK, v_SxK = k_ref[...], v_ref[...]
+
+    def body(i, carry):
+        dk_SxK, dv_SxK = carry
+        q_start = i * block_q
+        rows = pl.ds(q_start, block_q)
+        q_QxK, do_QxK = q_ref[rows, :], do_ref[rows, :]
+        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate))
+                    if rate > 0.0 else None)
+        dropped_QxS, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_ref[rows], delta_ref[rows],
+                                              keep_QxS, k_start, length, scale, rate)
+        dv_SxK = dv_SxK + plgpu.dot(dropped_QxS.astype(do_QxK.dtype), do_QxK, trans_a=True)
+        dk_SxK = dk_SxK + plgpu.dot(ds_QxS.astype(q_QxK.dtype), q_QxK, trans_a=True)
+        return dk_SxK, dv_SxK
+
+    # Key blocks wholly past the length get no weight: zero gradients, no loop.
+    in_range = (k_start < _key_blocks(length, block_k) * block_k).astype(jnp.int32)
+    query_blocks = in_range * (q_ref.shape[0] // block_q)
+    zeros = jnp.zeros((block_k, head_dim), jnp.float32)
+    dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
+    dk_ref[...] = (dk_SxK * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv_SxK.astype(dv_ref.dtype)
+
+
+def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               scale, rate, block_k):
+    length = lengths_ref[pl.program_id(0)]
+    block_q, head_dim = q_ref.shape
+    q_start = pl.program_id(2) * block_q
+    q_QxK, do_QxK, lse_Q, delta_Q = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+
+    def body(j, dq_QxK):
+        k_start = j * block_k
+        cols = pl.ds(k_start, block_k)
+        k_SxK = k_ref[cols, :]
+        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate))
+                    if rate > 0.0 else None)
+        _, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_ref[cols, :], do_QxK, lse_Q, delta_Q, keep_QxS, k_start,
+                                    length, scale, rate)
+        return dq_QxK + plgpu.dot(ds_QxS.astype(k_SxK.dtype), k_SxK)
+
+    dq_QxK = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, jnp.zeros((block_q, head_dim), jnp.float32))
+    dq_ref[...] = (dq_QxK * scale).astype(dq_ref.dtype)
+
+
+def _specs(length, head_dim, block_q, block_k):
+    """BlockSpecs over the grid (b, h, block): streams, a block or the whole sequence of [B, L, H, K] and [B, H, L]."""
+    whole = pl.BlockSpec((None, length, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+    return {"streams": pl.BlockSpec((None, None, 2), lambda b, h, i: (b, h, 0)),
+            "query_block": pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+            "key_block": pl.BlockSpec((None, block_k, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+            "whole": whole,
+            "rows_block": pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i)),
+            "rows_whole": pl.BlockSpec((None, None, length), lambda b, h, i: (b, h, 0))}
+
+
+def _lengths_spec(batch):
+    return pl.BlockSpec((batch,), lambda b, h, i: (0,))
+
+
+def _compiler_params(interpret: bool, num_warps: int):
+    return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=2)
+
+
+def _forward(q, k, v, lengths_B, streams_BxHx2, rate, blocks, interpret):
+    b, length, h, head_dim = q.shape
+    block_q, block_k = _blocks(length, blocks)
+    spec = _specs(length, head_dim, block_q, block_k)
+    kernel = functools.partial(_forward_kernel, scale=head_dim ** -0.5, rate=rate, block_k=block_k)
+    return pl.pallas_call(
+        kernel, grid=(b, h, length // block_q),
+        in_specs=[_lengths_spec(b), spec["streams"], spec["query_block"], spec["whole"], spec["whole"]],
+        out_specs=[spec["query_block"], spec["rows_block"]],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, length), jnp.float32)],
+        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_forward",
+    )(lengths_B, streams_BxHx2, q, k, v)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _attention(q, k, v, lengths_B, streams_BxHx2, rate, blocks, interpret):
+    return _forward(q, k, v, lengths_B, streams_BxHx2, rate, blocks, interpret)[0]
+
+
+def _attention_fwd(q, k, v, lengths_B, streams_BxHx2, rate, blocks, interpret):
+    out, lse_BxHxL = _forward(q, k, v, lengths_B, streams_BxHx2, rate, blocks, interpret)
+    return out, (q, k, v, lengths_B, streams_BxHx2, out, lse_BxHxL)
+
+
+def _attention_bwd(rate, blocks, interpret, residuals, do):
+    q, k, v, lengths_B, streams_BxHx2, out, lse_BxHxL = residuals
+    b, length, h, head_dim = q.shape
+    block_q, block_k = _blocks(length, blocks)
+    spec = _specs(length, head_dim, block_q, block_k)
+    # rowsum(dP' * P') over the dropped probabilities P' equals rowsum(dO * O): no [L, L] term.
+    delta_BxHxL = jnp.einsum("blhk,blhk->bhl", do.astype(jnp.float32), out.astype(jnp.float32))
+    inputs = (lengths_B, streams_BxHx2, q, k, v, do, lse_BxHxL, delta_BxHxL)
+    common = dict(scale=head_dim ** -0.5, rate=rate)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, block_q=block_q, **common), grid=(b, h, length // block_k),
+        in_specs=[_lengths_spec(b), spec["streams"], spec["whole"], spec["key_block"], spec["key_block"],
+                  spec["whole"], spec["rows_whole"], spec["rows_whole"]],
+        out_specs=[spec["key_block"], spec["key_block"]],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dkv",
+    )(*inputs)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, block_k=block_k, **common), grid=(b, h, length // block_q),
+        in_specs=[_lengths_spec(b), spec["streams"], spec["query_block"], spec["whole"], spec["whole"],
+                  spec["query_block"], spec["rows_block"], spec["rows_block"]],
+        out_specs=spec["query_block"],
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
+    )(*inputs)
+    return dq, dk, dv, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *, rate: float = 0.0,
+              blocks: tuple[int, int] = DEFAULT_BLOCKS, interpret: bool = False) -> jax.Array:
+    """softmax(q k^T / sqrt(K) + padding) with entries dropped at `rate`, times v: [B, L, H, K].
+
+    Keys at or past each sequence's length take no weight. With `rate` > 0, entry (b, h, q, k)
+    is kept where `keep_mask(streams_BxHx2, L, rate)` holds it, and kept entries are scaled by
+    1 / (1 - rate). Differentiable in q, k and v; the backward pass regenerates the mask.
+    `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a GPU.
+    """
+    check_shapes(q_BxLxHxK.shape, blocks)
+    if rate > 0.0 and streams_BxHx2 is None:
+        raise ValueError("attention dropout needs the streams of a dropout key (dropout_streams)")
+    if streams_BxHx2 is None:
+        streams_BxHx2 = jnp.zeros((q_BxLxHxK.shape[0], q_BxLxHxK.shape[2], 2), jnp.uint32)
+    return _attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B.astype(jnp.int32),
+                      streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), bool(interpret))

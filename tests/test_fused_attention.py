@@ -1,0 +1,161 @@
+"""The Pallas attention with in-kernel dropout (pmi_jax/fused_attention.py), run by Pallas' interpreter
+on CPU: the written-out attention's values and gradients given the same mask, and the mask's statistics."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pmi_jax import fused_attention
+from pmi_jax.model import written_attention
+
+B, L, H, K = 3, 128, 2, 16
+LENGTHS = (1, 37, 128)  # odd padding: one valid key, a partial last block, none
+BLOCKS = (32, 32)
+
+
+def _inputs(dtype):
+    keys = jax.random.split(jax.random.key(0), 5)
+    q, k, v, g = (jax.random.normal(key, (B, L, H, K), jnp.float32) for key in keys[:4])
+    streams = fused_attention.dropout_streams(keys[4], B, H)
+    return (q.astype(dtype), k.astype(dtype), v.astype(dtype)), g, streams
+
+
+def _written(qkv, g, lengths_B, mask_BxHxLxL, rate):
+    """Values and q/k/v gradients of the model's written-out attention with `mask` as its dropout."""
+    valid_BxL = (jnp.arange(L)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+    drop = (lambda p: p * mask_BxHxLxL.astype(p.dtype) / (1.0 - rate)) if rate else (lambda p: p)
+    out, vjp = jax.vjp(lambda q, k, v: written_attention(q, k, v, valid_BxL, drop), *qkv)
+    return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
+
+
+def _kernel(qkv, g, lengths_B, streams, rate):
+    out, vjp = jax.vjp(lambda q, k, v: fused_attention.attention(q, k, v, lengths_B, streams, rate=rate,
+                                                                 blocks=BLOCKS, interpret=True), *qkv)
+    return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.0])
+def test_float32_values_and_gradients_are_the_written_out_attentions_with_the_same_mask(rate):
+    qkv, g, streams = _inputs(jnp.float32)
+    lengths_B = jnp.array(LENGTHS)
+    mask = fused_attention.keep_mask(streams, L, rate)
+    got = _kernel(qkv, g, lengths_B, streams, rate)
+    want = _written(qkv, g, lengths_B, mask, rate)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, want):
+        # Same sums in another order (online softmax, blocked products): float32 rounding only.
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * np.abs(r).max(), err_msg=name)
+    # The padding keys take no part: their key and value gradients are exactly zero.
+    for b, n in enumerate(LENGTHS):
+        assert not np.any(got[2][b, n:]) and not np.any(got[3][b, n:])
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.0])
+def test_bfloat16_is_as_close_to_float32_as_the_written_out_attention_in_bfloat16(rate):
+    """bf16 inputs: the kernel's error against the float32 computation on the same (bf16-valued)
+    inputs and mask is at most twice the written-out bf16 attention's own error, plus 1% of the
+    largest value (the written-out path rounds probabilities to bf16 before the product; the kernel
+    rounds them too, in other blocks)."""
+    qkv, g, streams = _inputs(jnp.bfloat16)
+    lengths_B = jnp.array(LENGTHS)
+    mask = fused_attention.keep_mask(streams, L, rate)
+    exact = _written([x.astype(jnp.float32) for x in qkv], g, lengths_B, mask, rate)
+    written_bf16 = _written(qkv, g, lengths_B, mask, rate)
+    got = _kernel(qkv, g, lengths_B, streams, rate)
+    for name, a, w, e in zip(("out", "dq", "dk", "dv"), got, written_bf16, exact):
+        scale = np.abs(e).max()
+        assert np.abs(a - e).max() <= 2 * np.abs(w - e).max() + 0.01 * scale, name
+
+
+def test_same_streams_same_bits_and_the_backward_regenerates_the_forwards_mask():
+    """Run twice, the kernel gives identical bytes; with streams of another key it gives other values."""
+    qkv, g, streams = _inputs(jnp.float32)
+    lengths_B = jnp.array(LENGTHS)
+    first, again = (_kernel(qkv, g, lengths_B, streams, 0.1) for _ in range(2))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    other = _kernel(qkv, g, lengths_B, fused_attention.dropout_streams(jax.random.key(7), B, H), 0.1)
+    assert np.abs(other[0] - first[0]).max() > 0.05
+
+
+def _masks(key, rate, shape=(4, 4, 256)):
+    b, h, length = shape
+    return np.asarray(fused_attention.keep_mask(fused_attention.dropout_streams(key, b, h), length, rate))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_keep_rate_is_one_minus_the_dropout_rate(rate):
+    """Over 4 x 4 x 256 x 256 = 1,048,576 entries the kept share is 1 - rate within 5 standard
+    errors; per query row and per key column the counts vary as binomials do (variance ratio
+    within 0.8-1.2 over 4,096 rows or columns: the ratio's standard error is 0.022)."""
+    keep = _masks(jax.random.key(3), rate)
+    n = keep.size
+    assert abs(keep.mean() - (1 - rate)) <= 5 * np.sqrt(rate * (1 - rate) / n)
+    binomial_var = 256 * rate * (1 - rate)
+    for axis in (-1, -2):
+        counts = keep.sum(axis=axis).ravel()
+        assert 0.8 <= counts.var() / binomial_var <= 1.2, axis
+
+
+def _corr(a, b):
+    return np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1]
+
+
+def test_masks_of_other_keys_layers_and_positions_are_uncorrelated():
+    """|correlation| below 5 / sqrt(n) (n >= 1M entries, so below 0.005): between the masks of two
+    keys, of two layers' keys (folded in as flax's per-module RNG does), of streams one bit apart,
+    and between neighbouring keys, queries, heads and batch rows of one mask."""
+    rate = 0.1
+    key = jax.random.key(11)
+    base = _masks(key, rate)
+    bound = 5 / np.sqrt(base.size)
+    others = {"another key": _masks(jax.random.key(12), rate),
+              "another layer": _masks(jax.random.fold_in(key, 1), rate)}
+    streams = fused_attention.dropout_streams(key, 4, 4)
+    others["stream bit 0 flipped"] = np.asarray(fused_attention.keep_mask(streams ^ jnp.uint32(1), 256, rate))
+    for name, other in others.items():
+        assert abs(_corr(base, other)) < bound, name
+    neighbours = {"next key": (base[..., :-1], base[..., 1:]), "next query": (base[..., :-1, :], base[..., 1:, :]),
+                  "next head": (base[:, :-1], base[:, 1:]), "next batch row": (base[:-1], base[1:])}
+    for name, (a, b) in neighbours.items():
+        assert abs(_corr(a, b)) < 5 / np.sqrt(a.size), name
+
+
+def test_shapes_the_kernel_does_not_take_are_refused():
+    qkv, _, streams = _inputs(jnp.float32)
+    with pytest.raises(ValueError, match="not a multiple of the attention blocks"):
+        fused_attention.attention(*qkv, jnp.array(LENGTHS), streams, rate=0.1, blocks=(48, 32), interpret=True)
+    with pytest.raises(ValueError, match="streams of a dropout key"):
+        fused_attention.attention(*qkv, jnp.array(LENGTHS), None, rate=0.1, interpret=True)
+
+
+def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
+    """The trainer with model.attention=pallas (interpreted on CPU) and the paper's attention dropout:
+    4 steps uninterrupted, then the same run resumed from its step-2 checkpoint (step 4's removed,
+    the metrics log emptied) logs steps 3 and 4 with bitwise the same losses: the kernel's masks
+    follow the step's dropout key, which the checkpoint carries."""
+    import os
+    import shutil
+
+    from pmi_jax import train
+    from pmi_jax.config import apply_overrides, load_config
+    from pmi_jax.formats import run_dir
+
+    config = apply_overrides(load_config("tiny"), [
+        "model.vocab_size=128", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
+        "model.max_position_embeddings=32", "data.seq_len=32", "train.batch_size=4", "train.log_every_steps=1",
+        "train.num_steps=4", "checkpoint.every_steps=2", "mesh.data=1", "mesh.model=1",
+        "model.attention=pallas", "model.attention_dropout_rate=0.1"])
+    source = train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
+
+    def losses(workdir):
+        records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+        return {s: r["loss"] for s, r in sorted(records.items()) if "loss" in r}
+
+    whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
+    assert train.train(config, whole, source, devices=jax.devices()[:1]).step == 4
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
+    os.remove(os.path.join(resumed, train.TENSORBOARD_DIR, run_dir.METRICS_FILE))
+    assert train.train(config, resumed, source, devices=jax.devices()[:1]).step == 4
+    assert losses(resumed) == {s: loss for s, loss in losses(whole).items() if s > 2}
+    assert len(losses(resumed)) == 2
