@@ -686,13 +686,12 @@ def _metadata(config: PrepareConfig, corpus: dict, tokens: list[str], trained: b
     multiword = dict.fromkeys(units, 0)
     shards = {}
     token_counts = {split: np.zeros(len(tokens), np.int64) for split in prepared_corpus.SPLITS}
-    counted_ids = True
     for task in tasks:
         stats = read_json(progress_path(config.output, task))
         counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)  # summed per split below, not kept per shard
-        counted_ids &= counts is not None
-        if counts is not None:
-            token_counts[task.split] += np.asarray(counts, np.int64)
+        if counts is None:  # an intact shard kept by a repair (metadata.json holds no per-shard counts)
+            counts = prepared_corpus.shard_token_counts(storage.join(config.output, task.name), len(tokens))
+        token_counts[task.split] += np.asarray(counts, np.int64)
         shards[task.name] = stats
         split = splits[task.split]
         split["shards"] += 1
@@ -711,10 +710,9 @@ def _metadata(config: PrepareConfig, corpus: dict, tokens: list[str], trained: b
             splits[task.split]["words"] = splits[task.split].get("words", 0) + shards[task.name]["words"]
     words = sum(s.get("words", 0) for s in splits.values())
     # Each id's count among the content tokens: random_span's replacement law (SpanBERT draws
-    # random tokens from the corpus). Shards written by a version that did not count ids leave it out.
-    if counted_ids:
-        for split, counts in token_counts.items():
-            splits[split][prepared_corpus.TOKEN_COUNTS] = counts.tolist()
+    # random tokens from the corpus).
+    for split, counts in token_counts.items():
+        splits[split][prepared_corpus.TOKEN_COUNTS] = counts.tolist()
     return {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
