@@ -221,7 +221,8 @@ def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
     """The Pallas kernel's limits that a run's settings can break (docs/gpu.md)."""
     if mesh.devices.size > 1:
         raise UserInputError(f"model.attention={config.model.attention} runs on one device (the kernel is not "
-                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: use model.attention=auto")
+                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
+                             "use model.attention=auto")
     try:
         fused_attention.check_shapes((1, config.data.seq_len))
     except ValueError as e:
