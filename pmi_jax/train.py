@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, flops, partitioning, paths, storage
-from pmi_jax.config import ExperimentConfig, check_resumed_settings, to_dict
+from pmi_jax import checkpoints, flops, fused_attention, partitioning, paths, storage
+from pmi_jax.config import PALLAS_ATTENTION, ExperimentConfig, check_resumed_settings, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
@@ -213,6 +213,21 @@ def validate(config: ExperimentConfig, mesh) -> None:
         raise UserInputError(
             f"sequence length {config.data.seq_len} exceeds model.max_position_embeddings="
             f"{config.model.max_position_embeddings}")
+    if config.model.attention in PALLAS_ATTENTION:
+        _validate_pallas_attention(config, mesh)
+
+
+def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
+    """The Pallas kernel's limits that a run's settings can break (docs/gpu.md)."""
+    if mesh.devices.size > 1:
+        raise UserInputError(f"model.attention={config.model.attention} runs on one device (the kernel is not "
+                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
+                             "use model.attention=auto")
+    try:
+        fused_attention.check_shapes((1, config.data.seq_len))
+    except ValueError as e:
+        raise UserInputError(f"data.seq_len={config.data.seq_len} with model.attention={config.model.attention}: {e}; "
+                             "use a multiple of the blocks or model.attention=auto") from None
 
 
 # --------------------------------------------------------------------------------------

@@ -159,3 +159,22 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
     assert train.train(config, resumed, source, devices=jax.devices()[:1]).step == 4
     assert losses(resumed) == {s: loss for s, loss in losses(whole).items() if s > 2}
     assert len(losses(resumed)) == 2
+
+
+def test_runs_the_kernel_cannot_take_are_refused_before_anything_is_built():
+    from pmi_jax import partitioning, train
+    from pmi_jax.config import apply_overrides, load_config
+    from pmi_jax.errors import UserInputError
+
+    def check(*overrides, devices=1):
+        config = apply_overrides(load_config("tiny"), ["model.attention=pallas", "model.max_position_embeddings=128",
+                                                       "mesh.model=1", *overrides])
+        train.validate(config, partitioning.make_mesh(config.mesh, jax.devices()[:devices]))
+
+    check("data.seq_len=128", "mesh.data=1")  # 128 = 2 blocks of 64
+    check("data.seq_len=48", "mesh.data=1")  # shorter than a block: one block of 48
+    with pytest.raises(UserInputError, match=r"data.seq_len=96 with model.attention=pallas: .*not a multiple"):
+        check("data.seq_len=96", "mesh.data=1")
+    if len(jax.devices()) >= 2:
+        with pytest.raises(UserInputError, match="runs on one device .* this mesh has 2"):
+            check("data.seq_len=128", "mesh.data=2", devices=2)
