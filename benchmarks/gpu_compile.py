@@ -34,6 +34,8 @@ VARIANTS = {  # gpu_step.py's names
     "base-512-attn0": ("base", ("model.attention_dropout_rate=0",)),
     "base-512-paper": ("base", ()),
     "large-512-paper": ("large", ()),
+    "base-128-attn0-b128": ("base", ("model.attention_dropout_rate=0", "data.seq_len=128", "train.batch_size=128")),
+    "base-128-paper-b128": ("base", ("data.seq_len=128", "train.batch_size=128")),
 }
 
 
@@ -58,7 +60,7 @@ def map_profile(profile_path: str, output: str, gpu: str) -> list[str]:
     for result in json.load(open(profile_path))["results"]:
         if "profile" not in result:
             continue
-        name = re.sub(r"-cudnn$", "", result["variant"])
+        name = re.sub(r"-cudnn", "", result["variant"])
         path = os.path.join(output, f"{name}-{gpu}.json")
         if not os.path.exists(path):
             lines.append(f"{result['variant']}: no compile here ({path})")

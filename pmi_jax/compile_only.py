@@ -149,7 +149,7 @@ class CompileReport:
     # FLOPs, and the kernels moving the most bytes.
     bandwidth: float | None = None  # bytes/s of the chip's memory (gpu_specs/)
     hlo_bytes: int | None = None
-    kernel_count: int = 0
+    kernel_count: int = 0  # launches
     roofline_seconds: float | None = None  # sum over kernels of max(FLOPs / peak, bytes / bandwidth)
     top_kernels: tuple = ()  # pmi_jax.hlo.KernelGroup, the TOP_KERNELS moving the most bytes per step
 
@@ -195,10 +195,13 @@ class CompileReport:
         bound = self.hlo_bytes / self.bandwidth
         mfu = (f", MFU at most {100 * self.formula_flops / self.roofline_seconds / self.peak_flops:.1f}%"
                if self.roofline_seconds and self.peak_flops else "")
-        lines = [f"bytes per step from the HLO's shapes ({self.kernel_count} kernels, each operand and result "
-                 f"once): {self.hlo_bytes / GiB:.2f} GiB, {1e3 * bound:.1f} ms at {self.bandwidth / 1e12:.2f} TB/s",
-                 f"roofline bound (each kernel at the larger of FLOPs / peak and bytes / bandwidth; not a "
-                 f"measurement): {1e3 * self.roofline_seconds:.1f} ms per step{mfu}",
+        loops = " (loop bodies counted once)" if self.loop_note else ""
+        lines = [f"bytes per step from the HLO's shapes ({self.kernel_count} kernel launches, each operand and "
+                 f"result once{loops}): {self.hlo_bytes / GiB:.2f} GiB, {1e3 * bound:.1f} ms at "
+                 f"{self.bandwidth / 1e12:.2f} TB/s",
+                 "roofline bound (each kernel at the larger of FLOPs / peak and bytes / bandwidth; not a "
+                 "measurement): " + (f"{1e3 * self.roofline_seconds:.1f} ms per step{mfu}" if self.roofline_seconds
+                                     else "not available (no peak FLOP/s known: --peak-flops)"),
                  f"the {len(self.top_kernels)} kernels moving the most bytes per step (a kernel XLA reuses for "
                  "identical fusions runs once per launch; ms at the bandwidth bound):",
                  f"  {'kernel':<40} {'launches':>8} {'MiB':>8} {'ms':>6}  {'kind':<11} model operation"]
@@ -215,6 +218,29 @@ def _bytes_per_device(abstract, shardings) -> int:
     return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves)
 
 
+def _target(name: str):
+    """(topology, devices, HBM bytes per device, device kind, GPU spec text or None) of --topology."""
+    gpu = name.strip().lower()
+    if gpu in GPU_SPECS:
+        spec, devices = gpu_spec(gpu), gpu_devices(gpu)
+        kind = devices[0].device_kind
+        return f"{gpu} ({kind})", devices, int(_spec_value(spec, "device_memory_size")), kind, spec
+    generation, topology, devices = topology_devices(name)
+    return topology, devices, generation.hbm_bytes, generation.device_kind, None
+
+
+def _hlo_figures(hlo_text: str, spec: str, peak: float | None) -> dict:
+    """A GPU program's FLOPs, bytes, bounds and largest kernels, from its optimized HLO."""
+    from pmi_jax import hlo
+
+    bandwidth = _spec_value(spec, "memory_bandwidth")
+    kernels = hlo.program_kernels(hlo_text)
+    return dict(flops=sum(k.flops for k in kernels), bandwidth=bandwidth, hlo_bytes=sum(k.bytes for k in kernels),
+                kernel_count=len(kernels),
+                roofline_seconds=sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels) if peak else None,
+                top_kernels=tuple(hlo.by_kernel(kernels).values())[:TOP_KERNELS])
+
+
 def compile_train_step(config: ExperimentConfig, topology_name: str):
     """(CompileReport, the compiled executable) for `config` on the named slice.
 
@@ -226,17 +252,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
 
     from pmi_jax import flops, partitioning, train
 
-    from pmi_jax import hlo
-
-    gpu = topology_name.strip().lower() in GPU_SPECS
-    if gpu:
-        name = topology_name.strip().lower()
-        spec, devices = gpu_spec(name), gpu_devices(name)
-        device_kind = devices[0].device_kind
-        topology, hbm_bytes = f"{name} ({device_kind})", int(_spec_value(spec, "device_memory_size"))
-    else:
-        generation, topology, devices = topology_devices(topology_name)
-        hbm_bytes, device_kind = generation.hbm_bytes, generation.device_kind
+    topology, devices, hbm_bytes, device_kind, spec = _target(topology_name)
     mesh = partitioning.make_mesh(config.mesh, devices)
     train.validate(config, mesh)
     with partitioning.activate(mesh, config.mesh):
@@ -269,15 +285,9 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
                  "compile with model.scan_layers=false and optimizer.grad_accum_steps=1 for the step's FLOPs and "
                  "time" if loops else None)
     peak = config.train.peak_flops or flops.device_peak_flops(device_kind)
-    gpu_figures = {}
-    if gpu:
-        bandwidth = _spec_value(spec, "memory_bandwidth")
-        kernels = hlo.program_kernels(compiled.as_text())
-        gpu_figures = dict(
-            bandwidth=bandwidth, hlo_bytes=sum(k.bytes for k in kernels), kernel_count=len(kernels),
-            roofline_seconds=sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels) if peak else None,
-            top_kernels=tuple(hlo.by_kernel(kernels).values())[:TOP_KERNELS])
-        cost = {"flops": sum(k.flops for k in kernels)}
+    gpu_figures = _hlo_figures(compiled.as_text(), spec, peak) if spec else {}
+    if spec:
+        cost = {"flops": gpu_figures.pop("flops")}
     report = CompileReport(
         topology=topology, num_devices=len(devices), num_hosts=len({d.process_index for d in devices}),
         mesh=dict(mesh.shape), hbm_bytes=hbm_bytes, state_bytes=state_bytes, batch_bytes=batch_bytes,

@@ -392,21 +392,28 @@ def program_kernels(text: str) -> list[Kernel]:
 
 
 _METADATA = re.compile(r",? ?metadata=\{[^}]*\}")
+_NAME = re.compile(r"%[\w.\-]+")
+
+
+def _anonymous(attributes: str) -> str:
+    return _METADATA.sub("", _NAME.sub("", attributes))
 
 
 def _fingerprint(module: Module, inst: Instruction) -> str:
     """The fusion's code without names or metadata: equal for fusions XLA compiles to one kernel."""
-    def body(computation: str, seen: tuple) -> str:
+    def body(computation: str, seen: frozenset) -> str:
         if computation in seen:
             return ""
         insts = module.computations.get(computation, ())
         index = {i.name: n for n, i in enumerate(insts)}
-        return ";".join(
-            f"{re.sub(r'\{[^}]*\}', '', i.shape)} {i.opcode} {[index.get(o, o) for o in i.operands]} "
-            f"{_METADATA.sub('', re.sub(r'%[\w.\-]+', '', i.attributes))} {i.parameter} "
-            + "|".join(body(c, seen + (computation,)) for c in i.calls) for i in insts)
-    return f"{inst.shape} {_METADATA.sub('', re.sub(r'%[\w.\-]+', '', inst.attributes))} " + "|".join(
-        body(c, ()) for c in inst.calls)
+        lines = []
+        for i in insts:
+            called = "|".join(body(c, seen | {computation}) for c in i.calls)
+            operands = [index.get(o, o) for o in i.operands]
+            lines.append(f"{i.shape} {i.opcode} {operands} {i.parameter} {_anonymous(i.attributes)} {called}")
+        return ";".join(lines)
+
+    return f"{inst.shape} {_anonymous(inst.attributes)} " + "|".join(body(c, frozenset()) for c in inst.calls)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,3 +107,16 @@ def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
     # once) and the operation it computes.
     assert out["top_ops"][0]["bytes"] == 4 * (64 * 32 + 32 * 16 + 64 * 16)
     assert out["top_ops"][0]["model_op"] == "dot_general"
+
+
+def test_a_variant_is_not_started_without_its_minimum_time(tmp_path):
+    """Batch 128 needs more than a few seconds to compile: with less than its `min_s` left a
+    variant is recorded as skipped with the reason, not started and killed mid-compile."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_step.py"), "--output",
+                           str(tmp_path), "--platform", "cpu", "--budget-s", "60",
+                           "--variants", "base-512-paper-b128", "base-128-paper-b128"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.load(open(tmp_path / "gpu_step.json"))["results"]
+    assert [r["variant"] for r in results] == ["base-512-paper-b128", "base-128-paper-b128"]
+    assert all(r["skipped"].startswith("needs at least") for r in results), results
