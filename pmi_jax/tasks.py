@@ -47,9 +47,11 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
     @property
     def schemes(self) -> list[str]:
         """The schemes this corpus supports: the PMI family needs its prepared units, informask
-        its token rates (`pmi-jax corpus informask`)."""
+        its token rates (`pmi-jax corpus informask`), random_span the train split's token counts
+        (absent from corpora prepared before they were recorded)."""
         return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names
-                if s not in TOKEN_RATE_SCHEMES or informask_rates.exists(self.data_dir)]
+                if s not in TOKEN_RATE_SCHEMES or informask_rates.exists(self.data_dir)
+                if s not in UNIGRAM_SCHEMES or self.has_token_counts("train")]
 
     def check_scheme(self, scheme: str) -> None:
         """`scheme` is a scheme (config.check_scheme, the one rule, for callers that built no

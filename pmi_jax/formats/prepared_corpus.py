@@ -293,6 +293,9 @@ class PreparedCorpus:
     def vocab_size(self) -> int:
         return len(self.tokens)
 
+    def has_token_counts(self, split: str = "train") -> bool:
+        return TOKEN_COUNTS in self.metadata["splits"].get(split, {})
+
     def token_counts(self, split: str = "train") -> np.ndarray:
         """int64 [vocab_size]: each id's count among `split`'s content tokens (metadata.json's
         `token_counts`); a one-line error where the corpus predates them or they are damaged."""
