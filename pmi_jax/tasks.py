@@ -324,9 +324,10 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
                     mask_rate: float = masking.MASK_RATE) -> list[str]:
     """Register one seqio Task per masking scheme, `{name}_{scheme}`; return their names.
 
-    By default every scheme the corpus supports (random_token, whole_word and random_span
-    always, a PMI-family scheme when its `units_<scheme>` feature was prepared, informask when
-    `pmi-jax corpus informask` measured its token rates); asking for
+    By default every scheme the corpus supports (random_token and whole_word always,
+    random_span when metadata.json records token counts, a PMI-family scheme when its
+    `units_<scheme>` feature was prepared, informask when `pmi-jax corpus informask` measured
+    its token rates); asking for
     a scheme the corpus lacks is a UserInputError. Registering a name again replaces it.
     The tasks mask `mask_rate` of each sequence's non-special tokens (a constant rate: a
     schedule needs the trainer's steps, `get_dataset`).
