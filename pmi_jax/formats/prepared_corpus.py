@@ -105,6 +105,14 @@ def content_token_counts(features: Mapping[str, np.ndarray], vocab_size: int) ->
     return np.bincount(ids, minlength=vocab_size).astype(np.int64)
 
 
+def shard_token_counts(path: str, vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: `content_token_counts` summed over one shard's records."""
+    counts = np.zeros(vocab_size, np.int64)
+    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        counts += content_token_counts(decode_example(record), vocab_size)
+    return counts
+
+
 def metadata_path(data_dir: str) -> str:
     return storage.join(data_dir, METADATA_FILE)
 

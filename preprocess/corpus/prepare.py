@@ -509,13 +509,15 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
     multiword = dict.fromkeys(units, 0)
     shards = {}
     token_counts = {split: np.zeros(len(tokens), np.int64) for split in prepared_corpus.SPLITS}
-    counted_ids = True
     for task in tasks:
         stats = read_json(progress_path(config.output, task))
-        counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)  # summed per split below, not kept per shard
-        counted_ids &= counts is not None
-        if counts is not None:
-            token_counts[task.split] += np.asarray(counts, np.int64)
+        # Summed per split below, not kept per shard. A shard kept from a finished run that a
+        # rerun repairs has no counts in its stats (metadata.json's `shards` holds none): counted
+        # from the shard itself.
+        counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)
+        if counts is None:
+            counts = prepared_corpus.shard_token_counts(storage.join(config.output, task.name), len(tokens))
+        token_counts[task.split] += np.asarray(counts, np.int64)
         shards[task.name] = stats
         split = splits[task.split]
         split["shards"] += 1
@@ -534,10 +536,9 @@ def _metadata(config: PrepareConfig, scan: CorpusScan, tokens: list[str], traine
             splits[task.split]["words"] = splits[task.split].get("words", 0) + shards[task.name]["words"]
     words = sum(s.get("words", 0) for s in splits.values())
     # Each id's count among the content tokens: random_span's replacement law (SpanBERT draws
-    # random tokens from the corpus). Shards written by a version that did not count ids leave it out.
-    if counted_ids:
-        for split, counts in token_counts.items():
-            splits[split][prepared_corpus.TOKEN_COUNTS] = counts.tolist()
+    # random tokens from the corpus).
+    for split, counts in token_counts.items():
+        splits[split][prepared_corpus.TOKEN_COUNTS] = counts.tolist()
     return {
         "format_version": prepared_corpus.FORMAT_VERSION,
         "seq_len": config.seq_len,
