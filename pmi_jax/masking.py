@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
+import numpy as np
 import tensorflow as tf
 
 import dataclasses
@@ -135,8 +136,6 @@ def neighbour_visibility(weights_NxL) -> NeighbourVisibility:
     estimator's over sequences (the delta method with each sequence a cluster), since the
     tokens of one sequence are not independent.
     """
-    import numpy as np
-
     selected_NxL = np.asarray(weights_NxL) > 0
     padded = np.pad(selected_NxL, ((0, 0), (1, 1)))
     isolated_NxL = selected_NxL & ~padded[:, :-2] & ~padded[:, 2:]
@@ -188,9 +187,10 @@ def span_budget(num_tokens: tf.Tensor, rate_units: tf.Tensor | int = 1500) -> tf
 def scheme_budget(scheme: str, num_tokens: tf.Tensor | int, rate_units: tf.Tensor | int = 1500) -> tf.Tensor | int:
     """The tokens `scheme` selects of `num_tokens` non-special ones: ceil for random_span
     (SpanBERT's, `span_budget`), floor for every other scheme (`masking_budget`)."""
-    if scheme == "random_span":
-        return int(span_budget(num_tokens, rate_units)) if isinstance(num_tokens, int) else span_budget(num_tokens, rate_units)
-    return masking_budget(num_tokens, rate_units)
+    if scheme != "random_span":
+        return masking_budget(num_tokens, rate_units)
+    budget = span_budget(num_tokens, rate_units)
+    return int(budget) if isinstance(num_tokens, int) else budget
 
 
 def _last_word_of_document(word_ids_BxL: tf.Tensor) -> tf.Tensor:
@@ -207,8 +207,8 @@ def _last_word_of_document(word_ids_BxL: tf.Tensor) -> tf.Tensor:
 def span_selection(word_ids_BxL: tf.Tensor, budget_B: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
     """bool [B, L]: the tokens random_span selects, SpanBERT's sampling loop draw by draw.
 
-    SpanBERT's `PairWithSpanMaskingScheme.mask` (pretraining/fairseq/data/masking.py), on each
-    document of the sequence in place of its one-document block: until `budget_B` tokens are
+    SpanBERT's `PairWithSpanMaskingScheme.mask` (pretraining/fairseq/data/masking.py) on a packed
+    sequence instead of its one-document block (docs/design.md, "random_span"): until `budget_B` tokens are
     selected, draw t takes a span length k ~ `span_lengths` (the `SPAN_LENGTHS` stream at t) and
     an anchor uniform over the row's content tokens (`SPAN_ANCHORS` at t); an anchor already
     selected is rejected (the draw is spent); else the span is the anchor's word and the words
@@ -262,8 +262,8 @@ def span_codes(selected_BxL: tf.Tensor, key_Bx2: tf.Tensor) -> tf.Tensor:
     span_BxL = merged_spans(selected_BxL)
     fate_BxL = tf.gather(random_uniform(key_Bx2, Stream.UNIT_FATE, selected_BxL.shape[1]), tf.maximum(span_BxL, 0),
                          batch_dims=1)
-    code_BxL = tf.where(fate_BxL < MASK_SHARE, _MASKED, tf.where(fate_BxL < MASK_SHARE + RANDOM_SHARE, _RANDOMISED, _KEPT))
-    return tf.where(selected_BxL, code_BxL, _UNSELECTED)
+    code_BxL = tf.where(fate_BxL < MASK_SHARE + RANDOM_SHARE, _RANDOMISED, _KEPT)
+    return tf.where(selected_BxL, tf.where(fate_BxL < MASK_SHARE, _MASKED, code_BxL), _UNSELECTED)
 
 
 def span_unit_ids(word_ids_BxL: tf.Tensor, selected_BxL: tf.Tensor) -> tf.Tensor:
@@ -282,7 +282,8 @@ def unigram_draws(key_Bx2: tf.Tensor, length: int, cumulative_V: tf.Tensor) -> t
     make a 53-bit uniform r in [0, total); the id is the first v with cumulative_v > r, found by
     binary search (a fixed number of gathers, which XLA compiles)."""
     bits_BxLx2 = tf.reshape(random_bits(key_Bx2, Stream.REPLACEMENT_IDS, 2 * length), [-1, length, 2])
-    high, low = tf.cast(bits_BxLx2[..., 0], tf.float64), tf.cast(tf.bitwise.right_shift(bits_BxLx2[..., 1], 11), tf.float64)
+    high = tf.cast(bits_BxLx2[..., 0], tf.float64)
+    low = tf.cast(tf.bitwise.right_shift(bits_BxLx2[..., 1], 11), tf.float64)
     total = cumulative_V[-1]
     r_BxL = tf.cast(tf.floor((high * 2.0 ** 21 + low) * 2.0 ** -53 * tf.cast(total, tf.float64)), tf.int64)
     r_BxL = tf.minimum(r_BxL, total - 1)

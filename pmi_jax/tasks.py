@@ -47,9 +47,11 @@ class TaskCorpus(prepared_corpus.PreparedCorpus):
     @property
     def schemes(self) -> list[str]:
         """The schemes this corpus supports: the PMI family needs its prepared units, informask
-        its token rates (`pmi-jax corpus informask`)."""
+        its token rates (`pmi-jax corpus informask`), random_span the train split's token counts
+        (absent from corpora prepared before they were recorded)."""
         return [s for s in masking.SCHEMES if s not in masking.PREPARED_UNIT_FEATURES or s in self.unit_names
-                if s not in TOKEN_RATE_SCHEMES or informask_rates.exists(self.data_dir)]
+                if s not in TOKEN_RATE_SCHEMES or informask_rates.exists(self.data_dir)
+                if s not in UNIGRAM_SCHEMES or self.has_token_counts("train")]
 
     def check_scheme(self, scheme: str) -> None:
         """`scheme` is a scheme (config.check_scheme, the one rule, for callers that built no
@@ -322,9 +324,10 @@ def register_corpus(name: str, data_dir: str, schemes: Sequence[str] | None = No
                     mask_rate: float = masking.MASK_RATE) -> list[str]:
     """Register one seqio Task per masking scheme, `{name}_{scheme}`; return their names.
 
-    By default every scheme the corpus supports (random_token, whole_word and random_span
-    always, a PMI-family scheme when its `units_<scheme>` feature was prepared, informask when
-    `pmi-jax corpus informask` measured its token rates); asking for
+    By default every scheme the corpus supports (random_token and whole_word always,
+    random_span when metadata.json records token counts, a PMI-family scheme when its
+    `units_<scheme>` feature was prepared, informask when `pmi-jax corpus informask` measured
+    its token rates); asking for
     a scheme the corpus lacks is a UserInputError. Registering a name again replaces it.
     The tasks mask `mask_rate` of each sequence's non-special tokens (a constant rate: a
     schedule needs the trainer's steps, `get_dataset`).

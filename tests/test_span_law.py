@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fractions
 import math
+import os
 
 import numpy as np
 import pytest
@@ -339,6 +340,26 @@ def corpus_dir(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("spanbert"))
     write_prepared_corpus(data_dir, sequences={"train": 600, "validation": 4}, seq_len=128, seed=11, unit_names=())
     return data_dir
+
+
+def test_a_corpus_without_token_counts_lacks_only_random_span(tmp_path):
+    import json
+
+    from pmi_jax.errors import UserInputError
+
+    data_dir = str(tmp_path / "old")
+    write_prepared_corpus(data_dir, sequences={"train": 20, "validation": 4}, seq_len=64, unit_names=("pmi",))
+    path = os.path.join(data_dir, "metadata.json")
+    metadata = json.load(open(path))
+    for split in metadata["splits"].values():
+        del split["token_counts"]
+    json.dump(metadata, open(path, "w"))
+    corpus = tasks.TaskCorpus(data_dir)
+    assert corpus.schemes == ["random_token", "whole_word", "pmi"]
+    assert tasks.register_corpus("old_corpus", data_dir) == ["old_corpus_random_token", "old_corpus_whole_word",
+                                                             "old_corpus_pmi"]
+    with pytest.raises(UserInputError, match=r"no token counts .* corpus prepare --overwrite"):
+        corpus.check_scheme("random_span")
 
 
 def _task_examples(data_dir: str, rate: float = masking.MASK_RATE) -> list[dict]:

@@ -111,8 +111,7 @@ def content_token_counts(features: Mapping[str, np.ndarray], vocab_size: int) ->
 
 
 def shard_token_counts(path: str, vocab_size: int) -> np.ndarray:
-    """`content_token_counts` summed over one written shard (a repair keeps intact shards unread
-    until the split's counts are summed again)."""
+    """int64 [vocab_size]: `content_token_counts` summed over one shard's records."""
     counts = np.zeros(vocab_size, np.int64)
     for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
         counts += content_token_counts(decode_example(record), vocab_size)
@@ -306,6 +305,9 @@ class PreparedCorpus:
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
+
+    def has_token_counts(self, split: str = "train") -> bool:
+        return TOKEN_COUNTS in self.metadata["splits"].get(split, {})
 
     def token_counts(self, split: str = "train") -> np.ndarray:
         """int64 [vocab_size]: each id's count among `split`'s content tokens (metadata.json's

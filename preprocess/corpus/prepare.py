@@ -688,8 +688,11 @@ def _metadata(config: PrepareConfig, corpus: dict, tokens: list[str], trained: b
     token_counts = {split: np.zeros(len(tokens), np.int64) for split in prepared_corpus.SPLITS}
     for task in tasks:
         stats = read_json(progress_path(config.output, task))
-        counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)  # summed per split below, not kept per shard
-        if counts is None:  # an intact shard kept by a repair (metadata.json holds no per-shard counts)
+        # Summed per split below, not kept per shard. A shard kept from a finished run that a
+        # rerun repairs has no counts in its stats (metadata.json's `shards` holds none): counted
+        # from the shard itself.
+        counts = stats.pop(prepared_corpus.TOKEN_COUNTS, None)
+        if counts is None:
             counts = prepared_corpus.shard_token_counts(storage.join(config.output, task.name), len(tokens))
         token_counts[task.split] += np.asarray(counts, np.int64)
         shards[task.name] = stats
