@@ -499,8 +499,8 @@ def test_output_may_not_be_a_masking_vocabulary_or_inside_an_input(corpus, tmp_p
     inputs.mkdir()
     (inputs / "a.txt").write_text((corpus["root"] / "a.txt").read_text())
     cases = [(str(vocab_dir), [], "holds files that `corpus prepare` does not write"),
-             (str(inputs / "data"), [], "lies inside --input"),
-             (str(inputs), ["--overwrite"], "lies inside --input")]
+             (str(inputs / "data"), [], f"lies inside the input --input {inputs}"),
+             (str(inputs), ["--overwrite"], f"is the input --input {inputs}")]
     for output, extra, message in cases:
         before = sorted(p.name for p in pathlib.Path(output).parent.rglob("*"))
         status = cli_main(["corpus", "prepare", "--input", str(inputs), "--output", output, "--wordpiece-size", "200",

@@ -463,6 +463,8 @@ class PreparePlan:
 
     def install_given(self) -> None:
         """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
+        if len(self.todo) == len(self.tasks):  # a fresh start: the tokens are checked before anything is written
+            self.check_tokens_known()
         if self.tokenizer is not None:
             with storage.atomic_file(prepared_corpus.tokenizer_path(self.config.output)) as f:
                 f.write(self.tokenizer.json_text)
@@ -530,8 +532,6 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         if not isinstance(plan, PreparePlan):
             return plan
         if plan.given_wordpiece is not None:
-            if len(plan.todo) == len(plan.tasks):  # a fresh start: the tokens are checked before anything is written
-                plan.check_tokens_known()
             plan.install_given()
         else:
             _install_wordpiece(config, plan.scan, None)
