@@ -336,7 +336,7 @@ def test_cli_prepare_and_show(corpus, prepared, tmp_path, capsys):
 
 
 def test_render_sequence_joins_pieces_and_brackets_units():
-    from pmi_jax.cli.corpus import render_sequence
+    from pmi_jax.prepared_sequences import render_sequence
 
     tokens = ["[CLS]", "the", "united", "state", "##s", "air", "force", "was", "found", "##ed", "[SEP]"]
     word_ids = [-1, 0, 1, 2, 2, 3, 4, 5, 6, 6, -1]

@@ -187,73 +187,10 @@ def run_informask(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    import tensorflow as tf
+    from pmi_jax.prepared_sequences import shown_sequences
 
-    from pmi_jax.errors import UserInputError
-    from pmi_jax.formats import prepared_corpus
-
-    if args.num < 1:
-        raise UserInputError(f"--num {args.num}: must be at least 1")
-    corpus = prepared_corpus.PreparedCorpus(args.data_dir, digests=True)  # damage anywhere, not only in what shows
-    names = list(corpus.unit_names)
-    if args.units is not None and args.units not in names:
-        raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "
-                             f"{', '.join(names) or 'no vocabulary'}")
-    names = [args.units] if args.units else names
-    paths = corpus.files(args.split)
-    vocab = corpus.tokens
-    records = tf.data.TFRecordDataset(paths).take(args.num)
-    try:
-        with prepared_corpus.reading(args.data_dir):  # a shard whose bytes changed is named
-            for i, record in enumerate(records.as_numpy_iterator()):
-                features = prepared_corpus.decode_example(record)
-                tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
-                print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
-                for name in names or [None]:
-                    units = (features[prepared_corpus.units_feature(name)] if name
-                             else features[prepared_corpus.WORD_IDS])
-                    print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
-    except (IndexError, KeyError) as e:
-        raise UserInputError(f"{args.data_dir}: a {args.split} shard is damaged ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200]}); rerun the same `pmi-jax corpus prepare`") from None
+    for i, tokens, lines in shown_sequences(args.data_dir, args.split, args.num, args.units):
+        print(f"--- {args.split} sequence {i}: {tokens} tokens")
+        for name, text in lines:
+            print(f"{name}: {text}")
     return 0
-
-
-def _escape(word: str) -> str:
-    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
-
-    if word in SPECIAL_TOKENS:
-        return word  # [UNK]: a vocabulary entry, not brackets of the text
-    return word.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
-
-
-def render_sequence(tokens: list[str], word_ids, unit_ids) -> str:
-    """Tokens -> text with WordPieces joined into words and each multi-word unit in brackets.
-
-    Special tokens (word id -1) print as themselves; single-word units print bare; a bracket or
-    backslash inside a word is escaped with a backslash, so the rendering is unambiguous.
-    """
-    groups: list[tuple[int, list[str]]] = []  # (unit, words of the unit)
-    previous_word = None
-    for token, word, unit in zip(tokens, word_ids, unit_ids):
-        if word < 0:
-            groups.append((-1, [token]))
-            previous_word = None
-            continue
-        if groups and groups[-1][0] == unit and unit >= 0:
-            if word == previous_word:
-                groups[-1][1][-1] += token[2:] if token.startswith("##") else token
-            else:
-                groups[-1][1].append(token)
-        else:
-            groups.append((unit, [token]))
-        previous_word = word
-    shown = []
-    for unit, words in groups:
-        if unit < 0:
-            shown.append(words[0])
-        elif len(words) > 1:
-            shown.append("[" + " ".join(map(_escape, words)) + "]")
-        else:
-            shown.append(_escape(words[0]))
-    return " ".join(shown)
