@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import io_flags
+from pmi_jax.cli import io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess.beam import beam_options
 
@@ -31,29 +31,15 @@ def _add_prepare(commands) -> None:
         "vocabulary (longest entry wins; overlapping entries are chosen between at random, seeded), pack them "
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
-    io_flags.reads(p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, "
-                   ".arrow, or a directory saved by Hugging Face datasets' save_to_disk; globs, directories and "
-                   "gs:// URLs accepted"))
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
-                   "(default %(default)s)")
-    io_flags.writes(p.add_argument("--output", required=True, metavar="DIR",
-                                   help="data directory to write (local or gs://)"), directory=True)
+    text_input.add_input_flags(p, "data directory to write (local or gs://)")
     wp = p.add_mutually_exclusive_group()
     io_flags.reads(wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
                     "without it an uncased vocabulary is trained on the corpus"))
-    io_flags.reads(wp.add_argument("--tokenizer", metavar="PATH",
-                    help="your own tokenizer: a Hugging Face tokenizer.json (WordPiece, BPE or Unigram; special " 
-                    "tokens [PAD] (id 0) [UNK] [CLS] [SEP] [MASK]), or a BERT vocab.txt with --cased. Words for the "
-                    "masking units are its pre-tokenizer's words; the ids are what `tokenizers` gives each document. "
-                    "See docs/tokenizers.md"))
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
-    p.add_argument("--cased", action="store_true",
-                   help="with --tokenizer VOCAB_TXT: BERT's cased WordPiece (no lower-casing, accents kept)")
+    text_input.add_tokenizer_flags(p, wp)
     io_flags.reads(p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
