@@ -23,7 +23,7 @@ NOT_PATHS = {
     "--project": "a GCP project", "--region": "a GCP region", "--sdk_container_image": "an image name",
     "--scheme": "a scheme", "--set": "FIELD=VALUE", "FIELD=VALUE": "FIELD=VALUE", "--split": "a split name",
     "--task": "a task name", "--text-field": "a field name", "--tfds": "a TFDS name", "--topology": "a TPU slice",
-    "--unit": "a unit kind", "--units": "a unit set name (corpus show)",
+    "--unit": "a unit kind", "--units": "a unit set name (corpus show)", "--allow-changed": "a setting name",
 }
 SKIPPED = (argparse._HelpAction, argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._SubParsersAction)
 

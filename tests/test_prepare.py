@@ -339,7 +339,7 @@ def test_cli_prepare_and_show(corpus, prepared, tmp_path, capsys):
 
 
 def test_render_sequence_joins_pieces_and_brackets_units():
-    from pmi_jax.cli.corpus import render_sequence
+    from pmi_jax.prepared_sequences import render_sequence
 
     tokens = ["[CLS]", "the", "united", "state", "##s", "air", "force", "was", "found", "##ed", "[SEP]"]
     word_ids = [-1, 0, 1, 2, 2, 3, 4, 5, 6, 6, -1]
@@ -502,8 +502,8 @@ def test_output_may_not_be_a_masking_vocabulary_or_inside_an_input(corpus, tmp_p
     inputs.mkdir()
     (inputs / "a.txt").write_text((corpus["root"] / "a.txt").read_text())
     cases = [(str(vocab_dir), [], "holds files that `corpus prepare` does not write"),
-             (str(inputs / "data"), [], "lies inside --input"),
-             (str(inputs), ["--overwrite"], "lies inside --input")]
+             (str(inputs / "data"), [], f"lies inside the input --input {inputs}"),
+             (str(inputs), ["--overwrite"], f"is the input --input {inputs}")]
     for output, extra, message in cases:
         before = sorted(p.name for p in pathlib.Path(output).parent.rglob("*"))
         status = cli_main(["corpus", "prepare", "--input", str(inputs), "--output", output, "--wordpiece-size", "200",

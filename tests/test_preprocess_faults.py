@@ -381,7 +381,7 @@ def test_a_changed_shard_of_a_corpus_without_digests_is_one_line(data_dir, tmp_p
 # `corpus show`: an unambiguous rendering.
 
 def test_show_escapes_brackets_inside_words():
-    from pmi_jax.cli.corpus import render_sequence
+    from pmi_jax.prepared_sequences import render_sequence
 
     tokens = ["[CLS]", "[", "1", "]", "[UNK]", "2", "\\", "[SEP]"]
     words = [-1, 0, 1, 2, 3, 4, 5, -1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import io_flags
+from pmi_jax.cli import io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess.beam import beam_options
 
@@ -31,29 +31,15 @@ def _add_prepare(commands) -> None:
         "vocabulary (longest entry wins; overlapping entries are chosen between at random, seeded), pack them "
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
-    io_flags.reads(p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, "
-                   ".arrow, or a directory saved by Hugging Face datasets' save_to_disk; globs, directories and "
-                   "gs:// URLs accepted"))
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
-                   "(default %(default)s)")
-    io_flags.writes(p.add_argument("--output", required=True, metavar="DIR",
-                                   help="data directory to write (local or gs://)"), directory=True)
+    text_input.add_input_flags(p, "data directory to write (local or gs://)")
     wp = p.add_mutually_exclusive_group()
     io_flags.reads(wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
                     help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
                     "without it an uncased vocabulary is trained on the corpus"))
-    io_flags.reads(wp.add_argument("--tokenizer", metavar="PATH",
-                    help="your own tokenizer: a Hugging Face tokenizer.json (WordPiece, BPE or Unigram; special " 
-                    "tokens [PAD] (id 0) [UNK] [CLS] [SEP] [MASK]), or a BERT vocab.txt with --cased. Words for the "
-                    "masking units are its pre-tokenizer's words; the ids are what `tokenizers` gives each document. "
-                    "See docs/tokenizers.md"))
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
-    p.add_argument("--cased", action="store_true",
-                   help="with --tokenizer VOCAB_TXT: BERT's cased WordPiece (no lower-casing, accents kept)")
+    text_input.add_tokenizer_flags(p, wp)
     io_flags.reads(p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
                    "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
@@ -187,75 +173,17 @@ def run_informask(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    import tensorflow as tf
+    import itertools
 
-    from pmi_jax.errors import UserInputError
-    from pmi_jax.formats import prepared_corpus
+    from pmi_jax.formats.prepared_corpus import ASSIGNMENTS, read_metadata
+    from pmi_jax.prepared_sequences import shown_sequences
 
-    if args.num < 1:
-        raise UserInputError(f"--num {args.num}: must be at least 1")
-    corpus = prepared_corpus.PreparedCorpus(args.data_dir, digests=True)  # damage anywhere, not only in what shows
-    names = list(corpus.unit_names)
-    if args.units is not None and args.units not in names:
-        raise UserInputError(f"--units {args.units}: {args.data_dir} has units for "
-                             f"{', '.join(names) or 'no vocabulary'}")
-    names = [args.units] if args.units else names
-    paths = corpus.files(args.split)
-    vocab = corpus.tokens
-    version = corpus.metadata["format_version"]
-    print(f"{args.data_dir}: format version {version} ({prepared_corpus.ASSIGNMENTS[version]})")
-    records = tf.data.TFRecordDataset(paths).take(args.num)
-    try:
-        with prepared_corpus.reading(args.data_dir):  # a shard whose bytes changed is named
-            for i, record in enumerate(records.as_numpy_iterator()):
-                features = prepared_corpus.decode_example(record)
-                tokens = [vocab[t] for t in features[prepared_corpus.INPUT_IDS]]
-                print(f"--- {args.split} sequence {i}: {len(tokens)} tokens")
-                for name in names or [None]:
-                    units = (features[prepared_corpus.units_feature(name)] if name
-                             else features[prepared_corpus.WORD_IDS])
-                    print(f"{name or 'words'}: {render_sequence(tokens, features[prepared_corpus.WORD_IDS], units)}")
-    except (IndexError, KeyError) as e:
-        raise UserInputError(f"{args.data_dir}: a {args.split} shard is damaged ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200]}); rerun the same `pmi-jax corpus prepare`") from None
+    sequences = shown_sequences(args.data_dir, args.split, args.num, args.units)
+    first = next(sequences, None)  # the corpus is checked before anything is printed
+    version = read_metadata(args.data_dir)["format_version"]
+    print(f"{args.data_dir}: format version {version} ({ASSIGNMENTS[version]})")
+    for i, tokens, lines in itertools.chain([first], sequences) if first else ():
+        print(f"--- {args.split} sequence {i}: {tokens} tokens")
+        for name, text in lines:
+            print(f"{name}: {text}")
     return 0
-
-
-def _escape(word: str) -> str:
-    from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
-
-    if word in SPECIAL_TOKENS:
-        return word  # [UNK]: a vocabulary entry, not brackets of the text
-    return word.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
-
-
-def render_sequence(tokens: list[str], word_ids, unit_ids) -> str:
-    """Tokens -> text with WordPieces joined into words and each multi-word unit in brackets.
-
-    Special tokens (word id -1) print as themselves; single-word units print bare; a bracket or
-    backslash inside a word is escaped with a backslash, so the rendering is unambiguous.
-    """
-    groups: list[tuple[int, list[str]]] = []  # (unit, words of the unit)
-    previous_word = None
-    for token, word, unit in zip(tokens, word_ids, unit_ids):
-        if word < 0:
-            groups.append((-1, [token]))
-            previous_word = None
-            continue
-        if groups and groups[-1][0] == unit and unit >= 0:
-            if word == previous_word:
-                groups[-1][1][-1] += token[2:] if token.startswith("##") else token
-            else:
-                groups[-1][1].append(token)
-        else:
-            groups.append((unit, [token]))
-        previous_word = word
-    shown = []
-    for unit, words in groups:
-        if unit < 0:
-            shown.append(words[0])
-        elif len(words) > 1:
-            shown.append("[" + " ".join(map(_escape, words)) + "]")
-        else:
-            shown.append(_escape(words[0]))
-    return " ".join(shown)

@@ -66,107 +66,38 @@ def add_parser(subparsers) -> None:
     show.set_defaults(func=run_show)
 
 
-def _examples(args: argparse.Namespace):
-    """(vocabulary, iterator of NumPy examples) of the scheme's task over --data."""
-    import seqio
-
-    from pmi_jax import tasks
-    from pmi_jax.errors import UserInputError
-    from pmi_jax.formats import prepared_corpus
-
-    from pmi_jax.config import check_scheme, mask_rate_units
-
-    if args.num < 1:
-        raise UserInputError(f"--num {args.num}: must be at least 1")
-    check_scheme(args.scheme, "--scheme")
-    mask_rate_units(args.mask_rate, "--mask-rate")
-    tasks.TaskCorpus(args.data).files(args.split)  # a missing split is an input error, not a tf.data one
-    (name,) = tasks.register_corpus("data", args.data, [args.scheme], mask_rate=args.mask_rate)
-    task = seqio.get_mixture_or_task(name)
-    ds = task.get_dataset(None, args.split, shuffle=args.shuffle, seed=args.seed, num_epochs=None)
-
-    def unpadded(examples):  # task examples are padded to the corpus's seq_len with [PAD] = 0
-        with prepared_corpus.reading(args.data):  # a shard whose bytes changed is named
-            for ex in examples:
-                length = int((ex["targets"] != 0).sum())
-                yield {k: v[:length] if v.ndim else v for k, v in ex.items()}
-
-    return task.output_features["inputs"].vocabulary, unpadded(ds.take(args.num).as_numpy_iterator())
-
-
-def _absolute_paths(args: argparse.Namespace) -> None:
+def _request(args: argparse.Namespace):
     from pmi_jax import paths
+    from pmi_jax.masked_examples import ExampleRequest
 
-    paths.make_absolute(args, "data", "output")
+    return ExampleRequest(data=paths.absolute(args.data), scheme=args.scheme, num=args.num, split=args.split,
+                          seed=args.seed, mask_rate=args.mask_rate, shuffle=args.shuffle)
 
 
 def run_dump(args: argparse.Namespace) -> int:
-    import json
+    from pmi_jax import paths, storage
+    from pmi_jax.masked_examples import dump
 
-    from pmi_jax import storage
-
-    _absolute_paths(args)
-    storage.check_new_output(args.output, args.overwrite, inputs=[("--data", args.data)])
-    _, examples = _examples(args)
-    count = 0
-    # A full disk's message says how much the whole dump needs: its lines so far, scaled to --num.
-    with storage.write_errors(args.output), storage.needs_space(lambda: f.written * args.num // max(count, 1)), \
-            storage.atomic_file(args.output) as f:
-        for ex in examples:
-            record = {k: ex[k].tolist() for k in ("inputs", "targets", "weights", "units", "word_ids")}
-            record.update({k: int(ex[k]) for k in ("shard", "position", "epoch")})
-            count += 1
-            f.write(json.dumps(record) + "\n")
-    print(f"wrote {count} {args.scheme} examples (mask rate {args.mask_rate:g}) to {args.output}")
+    output = paths.absolute(args.output)
+    storage.check_new_output(output, args.overwrite)
+    count = dump(_request(args), output)
+    print(f"wrote {count} {args.scheme} examples (mask rate {args.mask_rate:g}) to {output}")
     return 0
 
 
-def _join_pieces(tokens: list[str]) -> str:
-    """WordPiece tokens as text: `##` pieces glue to what precedes them (except at the start)."""
-    text = ""
-    for token in tokens:
-        if text and token.startswith("##") and len(token) > 2:
-            text += token[2:]
-        else:
-            text += (" " if text else "") + token
-    return text
-
-
-def render(targets, inputs, weights, units, vocab_tokens: list[str]) -> str:
-    """One example as text, each selected unit shown as {original|input}."""
-    pieces, i, length = [], 0, len(targets)
-    while i < length:
-        if weights[i] == 0:
-            pieces.append(vocab_tokens[targets[i]])
-            i += 1
-            continue
-        j = i
-        while j < length and weights[j] > 0 and units[j] == units[i]:
-            j += 1
-        original = _join_pieces([vocab_tokens[t] for t in targets[i:j]])
-        shown = _join_pieces([vocab_tokens[t] for t in inputs[i:j]])
-        pieces.append(("##{" if original.startswith("##") else "{") + original.removeprefix("##") + "|" + shown + "}")
-        i = j
-    return _join_pieces(pieces)
-
-
 def run_show(args: argparse.Namespace) -> int:
-    from pmi_jax.config import mask_rate_units
-    from pmi_jax.masking import scheme_budget
+    import itertools
 
-    _absolute_paths(args)
-    vocab, examples = _examples(args)
-    print(f"{args.scheme} masking of {args.data} ({args.split}, seed {args.seed}); "
+    from pmi_jax.masked_examples import shown
+
+    request = _request(args)
+    examples = shown(request)
+    first = next(examples, None)  # the request is checked before the heading
+    print(f"{args.scheme} masking of {request.data} ({args.split}, seed {args.seed}); "
           "a selected unit is shown as {original|input}; the masking budget is "
           f"{100 * args.mask_rate:g}% of the maskable tokens")
-    for ex in examples:
-        # Every token of the sequence, as `corpus show` counts them; the special ones ([CLS], [SEP],
-        # where units are -1) are never masked, so the budget counts the others.
-        tokens = len(ex["targets"])
-        maskable = int((ex["units"] >= 0).sum())
-        selected = int(ex["weights"].sum())
-        units = len(set(ex["units"][ex["weights"] > 0].tolist()))
-        print(f"\nshard {ex['shard']} position {ex['position']} epoch {ex['epoch']}: {tokens} tokens "
-              f"({maskable} maskable), {selected} selected in {units} units (budget {int(scheme_budget(args.scheme, maskable, mask_rate_units(args.mask_rate)))})")
-        print(render(ex["targets"], ex["inputs"], ex["weights"], ex["units"], vocab.tokens))
+    for ex in itertools.chain([first], examples) if first else ():
+        print(f"\nshard {ex.shard} position {ex.position} epoch {ex.epoch}: {ex.tokens} tokens "
+              f"({ex.maskable} maskable), {ex.selected} selected in {ex.units} units (budget {ex.budget})")
+        print(ex.text)
     return 0

@@ -239,13 +239,9 @@ def run_perplexity(args: argparse.Namespace) -> int:
 
 
 def _finetune_config(args: argparse.Namespace):
-    """The protocol's preset, then the flags, then --set, in that order."""
-    import dataclasses
+    """The flags parsed and checked, merged by `protocols.finetune_settings`."""
+    from pmi_jax.eval.protocols import finetune_settings
 
-    from pmi_jax.config import apply_overrides
-    from pmi_jax.eval.protocols import PROTOCOL_DEFAULTS
-
-    config = PROTOCOL_DEFAULTS[args.protocol]
     flags = {"batch_sizes": args.batch_sizes and tuple(_parse_list(args.batch_sizes, int, "--batch-sizes")),
              "learning_rates": args.learning_rates and tuple(_parse_list(args.learning_rates, float,
                                                                         "--learning-rates")),
@@ -254,11 +250,7 @@ def _finetune_config(args: argparse.Namespace):
     for name, option in (("seeds", "--seeds"), ("epochs", "--epochs"), ("max_seq_len", "--max-seq-len"),
                          ("eval_batch_size", "--eval-batch-size")):
         _positive(flags[name], option)
-    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
-    config = apply_overrides(config, args.set)
-    if config.protocol != args.protocol:
-        raise UserInputError(f"--set protocol={config.protocol}: choose the protocol with --protocol")
-    return config
+    return finetune_settings(args.protocol, flags, args.set)
 
 
 def run_finetune(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import io_flags
+from pmi_jax.cli import io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from preprocess.beam import beam_options
 from preprocess.vocab.measures import MEASURES
@@ -36,20 +36,8 @@ def _add_build(commands) -> None:
         "--shares, to DIR: masking_vocab.txt (one n-gram per line), masking_vocab.tsv (with counts and scores) "
         "and stats.json. Words are BERT's uncased basic-tokenizer words, or --tokenizer's. The output is the same "
         "whatever --workers and --memory-mb are.")
-    io_flags.reads(p.add_argument("--input", nargs="+", required=True, metavar="PATTERN",
-                   help="text files (blank lines between documents), .jsonl (optionally .gz), .parquet, .arrow, "
-                   "or a directory saved by Hugging Face datasets' save_to_disk: paths, globs or directories, "
-                   "local or gs://"))
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="the field holding each document in JSON lines, Parquet and Arrow inputs "
-                   "(default %(default)s)")
-    io_flags.writes(p.add_argument("--output", required=True, metavar="DIR",
-                                   help="vocabulary directory to create (local or gs://)"), directory=True)
-    io_flags.reads(p.add_argument("--tokenizer", metavar="PATH",
-                   help="count words as this tokenizer splits them: a Hugging Face tokenizer.json (its normalizer "
-                   "and pre-tokenizer), or a BERT vocab.txt with --cased; give `corpus prepare` the same one "
-                   "(default: BERT's uncased words)"))
-    p.add_argument("--cased", action="store_true", help="with --tokenizer VOCAB_TXT: BERT's cased words")
+    text_input.add_input_flags(p, "vocabulary directory to create (local or gs://)")
+    text_input.add_tokenizer_flags(p)
     p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
                    help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
                    "shorter spans; "

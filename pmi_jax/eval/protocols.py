@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pmi_jax.config import OptimizerConfig
+from typing import Any, Mapping, Sequence
+
+from pmi_jax.config import OptimizerConfig, apply_overrides
 from pmi_jax.errors import UserInputError
 
 PROTOCOLS = ("sweep", "checkpoint")
@@ -79,3 +81,13 @@ PROTOCOL_DEFAULTS = {
     "sweep": FinetuneConfig(),
     "checkpoint": FinetuneConfig(protocol="checkpoint", batch_sizes=(32,), learning_rates=(3e-5,)),
 }
+
+
+def finetune_settings(protocol: str, flags: Mapping[str, Any] = {}, overrides: Sequence[str] = ()) -> FinetuneConfig:
+    """The protocol's preset, then the fields `flags` set (None: not given), then `--set`
+    FIELD=VALUE `overrides`, in that order: what `eval finetune` runs, without argparse."""
+    config = dataclasses.replace(PROTOCOL_DEFAULTS[protocol], **{k: v for k, v in flags.items() if v is not None})
+    config = apply_overrides(config, list(overrides))
+    if config.protocol != protocol:
+        raise UserInputError(f"--set protocol={config.protocol}: choose the protocol with --protocol")
+    return config

@@ -603,6 +603,8 @@ class PreparePlan:
 
     def install_given(self) -> None:
         """Write the given vocabulary as vocab.txt, and the tokenizer that goes with it (first)."""
+        if len(self.todo) == len(self.tasks):  # a fresh start: the tokens are checked before anything is written
+            self.check_tokens_known()
         if self.tokenizer is not None:
             with storage.atomic_file(prepared_corpus.tokenizer_path(self.config.output)) as f:
                 f.write(self.tokenizer.json_text)
@@ -670,8 +672,6 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
         with storage.scratch_directory(config.output) as scratch:
             pieces = _route(plan, scratch)  # first: an empty corpus is refused before any file is written
             if plan.given_wordpiece is not None:
-                if len(plan.todo) == len(plan.tasks):  # a fresh start: the tokens are checked before any shard
-                    plan.check_tokens_known()
                 plan.install_given()
             else:
                 _install_wordpiece(config, plan.corpus, None)
