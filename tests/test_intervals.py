@@ -168,3 +168,16 @@ def test_the_bootstrap_is_deterministic():
 def test_per_sequence_sums_and_counts():
     ids, sums, counts = intervals.per_sequence(np.array([3, 3, 5, 9, 9, 9]), np.array([1.0, 2.0, 3.0, 1.0, 1.0, 2.0]))
     assert ids.tolist() == [3, 5, 9] and sums.tolist() == [3.0, 3.0, 4.0] and counts.tolist() == [2, 1, 3]
+
+
+def test_a_scheme_with_one_seed_makes_its_pairs_text_only_and_no_winner():
+    """Welch needs each scheme's own seed variance: pairs with a one-seed scheme cover the text only."""
+    rng = np.random.default_rng(7)
+    counts_S = _counts(rng, 40)
+    sums = _runs(rng, counts_S, {"a": 3.0, "b": 4.0, "c": 4.1}, seeds=3, seed_sd=0.01)
+    sums["a"] = sums["a"][:1]
+    c = intervals.compare_schemes(sums, counts_S)
+    by_pair = {(d.first, d.second): d for d in c.differences}
+    assert not by_pair["a", "b"].seed_aware and by_pair["a", "b"].interval == by_pair["a", "b"].text_interval
+    assert by_pair["b", "c"].seed_aware and by_pair["b", "c"].df >= 2
+    assert c.seed_aware and c.best is None  # a is lowest by 1 nat, but on one seed
