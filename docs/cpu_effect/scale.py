@@ -3,8 +3,9 @@
     python docs/cpu_effect/scale.py RUN [RUN ...]     # the run directories given to `pmi-jax compare`
 
 For each table and step of `compare`'s report: the difference, its seed-aware half-width, the
-standard errors of its text part (paired bootstrap) and seed part (each scheme's seed s.d.,
-three seeds as run), and the seeds per scheme at which the half-width would fall below |difference| if the
+standard errors of its text part (paired bootstrap; it still holds the run-to-run text noise
+that the seed s.d.s hold too, so the projection leans conservative) and seed part (each
+scheme's seed s.d., three seeds as run), and the seeds per scheme at which the half-width would fall below |difference| if the
 difference and the seed spread stayed as measured (docs/experiments.md, "The comparison on CPU").
 """
 import sys
