@@ -7,7 +7,7 @@ made with another Python is rebuilt.
 
     python3 dev.py demo    # the whole pipeline on a small offline corpus
     python3 dev.py test    # the test suite
-    python3 dev.py effect [DIR]   # the CPU scheme comparison (hours; rerun to finish it)
+    python3 dev.py effect [DIR] [--schemes S ...]   # the CPU scheme comparison (hours; rerun to finish it)
 
 The virtual environment is rebuilt only when setup.py or constraints.txt change.
 """
@@ -122,7 +122,8 @@ def demo() -> None:
           f"({', '.join(p.name for p in sorted((out / 'report').glob('*.png')))})", flush=True)
 
 
-EFFECT_SCHEMES = ("random_token", "pmi")
+EFFECT_SCHEMES = ("random_token", "pmi")  # the default; --schemes may add random_span and naive_pmi
+EFFECT_CHOICES = ("random_token", "random_span", "naive_pmi", "pmi")  # Table 4's four
 EFFECT_SEEDS = (0, 1, 2)
 EFFECT_UNITS = ("token", "word", "pmi")
 EFFECT_POSITIONS = "8"  # units scored per validation sequence and unit kind (docs/experiments.md)
@@ -142,13 +143,16 @@ def run_together(*commands: list[str]) -> None:
             raise subprocess.CalledProcessError(code, argv)
 
 
-def effect(root: str) -> None:
+def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES) -> None:
     """The CPU comparison of docs/experiments.md ("The comparison on CPU"), resumable step by step.
 
     Every step is a plain `pmi-jax` call and each is skipped or resumed when its output is
     already there: rerun the same command after an interruption to finish what is missing.
-    The two schemes of a seed train side by side (a run keeps about one of two cores busy),
-    seed after seed, so that a partial experiment still compares the schemes on equal seeds.
+    Two runs train side by side (a run keeps about one of two cores busy), seed after seed, so
+    that a partial experiment still compares the schemes on equal seeds. With naive_pmi the
+    corpus carries a second unit set (a naive-pmi vocabulary): that is another prepared corpus,
+    so it and every run on it live in DIR/data+naive_pmi and DIR/runs+naive_pmi, apart from the
+    default's DIR/data and DIR/runs (`compare` compares runs of one corpus only).
     """
     cli = str(BIN / "pmi-jax")
     out = pathlib.Path(root).resolve()
@@ -159,29 +163,46 @@ def effect(root: str) -> None:
         cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     if not (out / "text").is_dir():
         run(cli, "demo-corpus", "--installed", "--output", str(out / "text"))
-    if not (out / "vocab_pmi").is_dir():
-        run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab_pmi"),
-            "--size", "30000", "--no-progress")
-    run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
-        "--units", f"pmi={out / 'vocab_pmi'}", "--seq-len", "128", "--wordpiece-size", "8000", "--no-progress")
-    runs = []
+    naive = "naive_pmi" in schemes
+    vocabs = {"pmi": ("vocab_pmi", "pmi"), **({"naive_pmi": ("vocab_naive_pmi", "naive-pmi")} if naive else {})}
+    for unit_set, (name, measure) in vocabs.items():
+        if not (out / name).is_dir():
+            run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / name),
+                "--size", "30000", "--measure", measure, "--no-progress")
+    suffix = "+naive_pmi" if naive else ""
+    data = out / f"data{suffix}"
+    run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(data),
+        *[arg for unit_set, (name, _) in vocabs.items() for arg in ("--units", f"{unit_set}={out / name}")],
+        "--seq-len", "128", "--wordpiece-size", "8000", "--no-progress")
+    pending, runs = [], []
     for seed in EFFECT_SEEDS:
-        pending = []
-        for scheme in EFFECT_SCHEMES:
-            run_dir = out / "runs" / f"{scheme}-seed{seed}"
+        for scheme in schemes:
+            run_dir = out / f"runs{suffix}" / f"{scheme}-seed{seed}"
             runs.append(str(run_dir))
             if not (run_dir / "checkpoints" / final_step).is_dir():
-                pending.append([cli, "train", "--config", str(config), "--data", str(out / "data"), "--scheme",
+                pending.append([cli, "train", "--config", str(config), "--data", str(data), "--scheme",
                                 scheme, "--workdir", str(run_dir), "--set", f"train.seed={seed}",
                                 "--set", f"data.seed={seed}", "--no-progress"])
-        run_together(*pending)
-    units = [arg for unit in EFFECT_UNITS for arg in ("--unit", unit)]
+    for pair in (pending[i:i + 2] for i in range(0, len(pending), 2)):
+        run_together(*pair)
+    units = [arg for unit in (*EFFECT_UNITS, *(["naive_pmi"] if naive else [])) for arg in ("--unit", unit)]
     scored_steps = f"{int(final_step) // 2},{final_step}"
     for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):
         run_together(*([cli, "eval", "perplexity", "--checkpoint", run_dir, "--steps", scored_steps, *units,
                         "--positions", EFFECT_POSITIONS, "--skip-existing"] for run_dir in pair))
-    run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
-    print(f"\nThe comparison: {out / 'report' / 'report.md'}", flush=True)
+    run(cli, "compare", *runs, "--output", str(out / f"report{suffix}"), "--overwrite")
+    print(f"\nThe comparison: {out / f'report{suffix}' / 'report.md'}", flush=True)
+
+
+def _effect_args(argv: list[str]) -> tuple[str, tuple[str, ...]]:
+    """effect [DIR] [--schemes S ...]: the schemes in Table 4's order, whatever order they are given."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="dev.py effect")
+    parser.add_argument("dir", nargs="?", default=str(ROOT / "effect"))
+    parser.add_argument("--schemes", nargs="+", choices=EFFECT_CHOICES, default=list(EFFECT_SCHEMES))
+    args = parser.parse_args(argv)
+    return args.dir, tuple(s for s in EFFECT_CHOICES if s in args.schemes)
 
 
 def test(pytest_args: list[str]) -> None:
@@ -200,7 +221,7 @@ def main() -> None:
     elif sys.argv[1] == "test":
         test(sys.argv[2:])
     elif sys.argv[1] == "effect":
-        effect(sys.argv[2] if len(sys.argv) > 2 else str(ROOT / "effect"))
+        effect(*_effect_args(sys.argv[2:]))
 
 
 if __name__ == "__main__":

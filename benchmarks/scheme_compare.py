@@ -36,6 +36,11 @@ OUTPUT/<scheme>.tar.gz, repacked after each seed, so that a command stopped by i
 keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings; with
 `--cross-score`, also each checkpoint's MLM loss on every dumped scheme's validation batches
 (issue 32: is a scheme best on its own masks?).
+
+A run longer than one file goes in parts (benchmarks/README.md, "scheme_compare in parts"):
+`dump --start-step K` writes steps K.., and `run --total-steps T --runs DIR --keep-newest-state`
+trains to the part's end with a T-step schedule, keeping the newest checkpoint's state in DIR
+for the next part's command to resume from; the last part leaves out --keep-newest-state.
 """
 from __future__ import annotations
 
@@ -171,14 +176,15 @@ def dump(args) -> None:
                                  "(prepare the corpus with --validation-fraction above 0, or pass --eval-batches 0)")
         source = batch_sources.TaskBatches(args.data, scheme, "train", corpus.seq_len, args.batch, args.seed)
         rows = {k: [] for k in KEYS}
-        for _, batch in zip(range(args.steps), source.batches(0, 0, 1)):
+        for _, batch in zip(range(args.steps), source.batches(args.start_step, 0, 1)):
             for k in KEYS:
                 rows[k].append(batch[k])
         batches[scheme] = {k: np.stack(v) for k, v in rows.items()}  # [S, B, L]
         if args.eval_batches:  # the trainer's validation batches (train.eval_every_steps), stored alike
             held = source.validation_batches(args.eval_batches, args.batch, 0, 1)
             batches[scheme + VALIDATION] = {k: np.stack([b[k] for b in held]) for k in KEYS}
-        print(f"{scheme}: {args.steps} steps x {args.batch} sequences", flush=True)
+        print(f"{scheme}: steps {args.start_step}..{args.start_step + args.steps - 1} x {args.batch} sequences",
+              flush=True)
     out = encode(batches, special)
     validation = list(perplexity.read_sequences(args.data, "validation", args.max_eval_sequences))
     out["validation/lengths"] = np.array([len(s) for s in validation], np.int32)
@@ -191,6 +197,7 @@ def dump(args) -> None:
         out[f"validation/{unit}/starts"], out[f"validation/{unit}/none"] = encode_units([u for _, u in pairs])
     info = dataclasses.asdict(corpus) | {"format": FORMAT, "schemes": args.schemes, "steps": args.steps,
                                          "batch": args.batch, "seed": args.seed, "special_ids": special,
+                                         "start_step": args.start_step,
                                          "unit_kinds": unit_kinds, "max_eval_sequences": args.max_eval_sequences,
                                          "eval_batches": args.eval_batches}
     out["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
@@ -207,17 +214,30 @@ def dump(args) -> None:
           f"{len(validation)} held-out)")
 
 
+class PartEnd(Exception):
+    """The trainer asked for a step past this part of the dump (`run --total-steps`)."""
+
+
 @dataclasses.dataclass
 class ArrayBatches:
     """A BatchSource replaying dumped batches: step s is exactly what the seqio task gave at step s."""
 
-    arrays: dict  # key -> [S, B, L]
+    arrays: dict  # key -> [S, B, L]: steps first_step .. first_step + S - 1
     validation: dict | None = None  # key -> [eval_batches, B, L]: TaskBatches.validation_batches, dumped
+    first_step: int = 0  # a dump in parts: the step its first batch is (dump --start-step)
 
     def batches(self, start_step, shard_index, num_shards):
+        from pmi_jax.errors import UserInputError
+
+        if start_step < self.first_step:
+            raise UserInputError(f"the run is at step {start_step} and this part of the dump starts at step "
+                                 f"{self.first_step}: run the earlier part first, with the same --runs")
         rows = self.arrays["inputs"].shape[1] // num_shards
-        for step in range(start_step, self.arrays["inputs"].shape[0]):
-            yield {k: v[step, shard_index * rows:(shard_index + 1) * rows] for k, v in self.arrays.items()}
+        end = self.first_step + self.arrays["inputs"].shape[0]
+        for step in range(start_step, end):
+            yield {k: v[step - self.first_step, shard_index * rows:(shard_index + 1) * rows]
+                   for k, v in self.arrays.items()}
+        raise PartEnd(end)  # asked for more: the trainer stops here, its checkpoint at `end` saved
 
     def validation_batches(self, count, batch_size, shard_index, num_shards):
         from pmi_jax.errors import UserInputError
@@ -286,11 +306,55 @@ def cross_scores(step_dir: str, config, validation_sets: dict) -> dict:
 def _pack(workdirs: list[str], path: str) -> int:
     tmp = path + ".tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        for workdir in workdirs:
-            tar.add(workdir, arcname=os.path.basename(workdir))
+        for workdir in workdirs:  # a state kept for the next part (--keep-newest-state) stays here
+            tar.add(workdir, arcname=os.path.basename(workdir), filter=_without_states)
     size = os.path.getsize(tmp)
     os.replace(tmp, path)
     return size
+
+
+def _without_states(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = member.name.split("/")
+    return None if len(parts) >= 4 and parts[1] == "checkpoints" and parts[3] == "state" else member
+
+
+# --------------------------------------------------------------------------------------
+# A run in parts: each command trains the steps of one dump part, resuming from the last
+# part's newest checkpoint kept (with its state) in --runs on the machine between commands.
+# --------------------------------------------------------------------------------------
+
+
+def steps_to_score(workdir: str, steps: list[int], units: list[str]) -> list[int]:
+    """The checkpoint steps some `--unit` has no perplexity result for yet (earlier parts scored the rest)."""
+    from pmi_jax import storage
+    from pmi_jax.formats import run_dir
+
+    return [s for s in steps if not all(storage.gfile.exists(run_dir.perplexity_result_path(workdir, "validation", s, u))
+                                        for u in units)]
+
+
+def drop_states_but_newest(workdir: str) -> None:
+    """Every checkpoint's state deleted except the newest one's, which the next part resumes from."""
+    from etils import epath
+
+    from pmi_jax import checkpoints
+
+    for step in checkpoints.step_directories(workdir)[:-1]:
+        state = epath.Path(checkpoints.checkpoint_dir(workdir)) / str(step) / "state"
+        if state.exists():
+            state.rmtree()
+
+
+def train_part(config, workdir: str, source: ArrayBatches, corpus, part_end: int) -> None:
+    """`train.train` up to `part_end`: there the trainer has just saved its checkpoint (part_end is
+    a multiple of the checkpoint interval) and asks the source for the next batch, which ends it."""
+    from pmi_jax import train
+
+    try:
+        train.train(config, workdir, source, corpus)
+    except PartEnd as end:
+        if end.args[0] != part_end or part_end >= config.train.num_steps:
+            raise
 
 
 def run(args) -> None:
@@ -316,7 +380,16 @@ def run(args) -> None:
                 for unit in args.unit}
     corpus = CorpusInfo(data_dir=info["data_dir"], seq_len=info["seq_len"], vocab_size=info["vocab_size"],
                         vocab_sha256=info["vocab_sha256"], units=tuple(info["units"]))
-    steps = min(args.steps or info["steps"], info["steps"])
+    first_step = info.get("start_step", 0)
+    if first_step and not args.runs:
+        raise UserInputError(f"{args.batches} is a part starting at step {first_step}: pass --runs, the directory "
+                             "the earlier parts trained in")
+    part_end = first_step + min(args.steps or info["steps"], info["steps"])  # the step this command trains to
+    steps = args.total_steps or part_end  # the whole run's: its learning-rate schedule ends there
+    if part_end > steps or (part_end < steps and part_end % args.eval_every):
+        raise UserInputError(f"--total-steps {steps}: this part ends at step {part_end}, which must be at most the "
+                             f"total and, before it, a multiple of --eval-every {args.eval_every} (the checkpoint "
+                             "the next part resumes from)")
     os.makedirs(args.output, exist_ok=True)
     runs_dir = args.runs or tempfile.mkdtemp(prefix="scheme_compare_")
     summary = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(), "jax": jax.__version__,
@@ -341,10 +414,11 @@ def run(args) -> None:
                 f"train.seed={seed}", f"train.num_steps={steps}", f"checkpoint.every_steps={args.eval_every}",
                 f"checkpoint.keep={steps // args.eval_every + 1}", *in_training, *args.set])
             started = time.time()
-            train.train(config, workdir, ArrayBatches(arrays, validation_arrays), corpus)
+            train_part(config, workdir, ArrayBatches(arrays, validation_arrays, first_step), corpus, part_end)
             trained = time.time() - started
             perplexities, cross = {unit: {} for unit in args.unit}, {}
-            for step in checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()[::-1]:
+            saved = checkpoints.Checkpointer(workdir, config.checkpoint, read_only=True).all_steps()
+            for step in steps_to_score(workdir, saved, args.unit)[::-1]:
                 if cross_sets:
                     cross[step] = cross_scores(os.path.join(checkpoints.checkpoint_dir(workdir), str(step)), config,
                                                cross_sets)
@@ -353,7 +427,10 @@ def run(args) -> None:
                     perplexities[r["unit"]][step] = r["perplexity"]
                     print(f"{scheme:<13} seed {seed} step {step:>6} {r['unit']:<8} perplexity {r['perplexity']:9.3f} "
                           f"({r['num_tokens']} tokens)", flush=True)
-            checkpoints.drop_states(workdir)
+            if args.keep_newest_state:
+                drop_states_but_newest(workdir)
+            else:
+                checkpoints.drop_states(workdir)
             workdirs.append(workdir)
             size = _pack(workdirs, os.path.join(args.output, f"{scheme}.tar.gz"))
             if size > MAX_OUTPUT_FILE:
@@ -382,6 +459,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-step", type=int, default=0,
+                   help="a dump in parts: the step this part starts at (`run` resumes from the earlier part's "
+                        "newest checkpoint; see --keep-newest-state)")
     p.add_argument("--max-eval-sequences", type=int, default=400, help="held-out sequences scored by `run`")
     p.add_argument("--eval-batches", type=int, default=20,
                    help="validation batches for the trainer's validation during training (train.eval_batches; 0: none)")
@@ -410,6 +490,12 @@ def main(argv=None) -> None:
                    help="also score every checkpoint's MLM loss on every dumped scheme's validation batches "
                         "(summary.json: runs.<scheme>.<seed>.cross_scores.<step>.<scheme scored>)")
     p.add_argument("--set", action="append", default=[], help="config override, as for pmi-jax train")
+    p.add_argument("--total-steps", type=int, default=None,
+                   help="a dump in parts: the step the whole run ends at (train.num_steps: the learning-rate "
+                        "schedule's end); default: where this file ends")
+    p.add_argument("--keep-newest-state", action="store_true",
+                   help="keep the newest checkpoint's state in --runs (never packed) so that the next part "
+                        "of the dump resumes from it; leave it out in the last part")
     p.set_defaults(func=run)
     args = parser.parse_args(argv)
     from pmi_jax.errors import UserInputError

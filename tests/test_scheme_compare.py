@@ -226,3 +226,59 @@ def test_run_refuses_a_unit_the_file_does_not_hold(dumped, no_tensorflow_path):
                                               "--output", str(root / "refused"), "--unit", "frequency"),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 2 and "--unit frequency" in proc.stderr and "naive_pmi" in proc.stderr, proc.stderr
+
+
+def _run(no_tensorflow_path, batches_file, output, runs, *extra):
+    proc = subprocess.run(no_tensorflow.command(
+        no_tensorflow_path, SCRIPT, "run", "--batches", str(batches_file), "--config", "tiny", "--output", str(output),
+        "--runs", str(runs), "--schemes", "pmi", "--seeds", "0", "--unit", "token", "--eval-every", "2",
+        "--positions", "4", "--set", "train.log_every_steps=1", "--set", "train.eval_every_steps=2", *extra),
+        capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _losses(workdir) -> dict:
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "tensorboard", "metrics.jsonl"))]
+    return {(r["step"], k): r[k] for r in rows for k in ("loss", "validation_loss") if k in r}
+
+
+def test_a_run_in_parts_equals_the_run_in_one_go(dumped, no_tensorflow_path, tmp_path):
+    """Steps 0-1 and 2-3 dumped as two parts, trained by two `run` commands that share --runs
+    (the second resumes from the first's newest checkpoint): the same batches, training and
+    validation losses and scored NLLs as the 4-step file trained in one command."""
+    _, data, whole = dumped
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import scheme_compare
+
+    parts = [tmp_path / "part0.npz", tmp_path / "part1.npz"]
+    for start, part in zip((0, 2), parts):
+        proc = subprocess.run([sys.executable, SCRIPT, "dump", "--data", data, "--schemes", "pmi", "--steps", "2",
+                               "--start-step", str(start), "--batch", "8", "--eval-batches", "2", "--output",
+                               str(part)], capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    one = np.load(whole)
+    special = json.loads(one["info"].tobytes())["special_ids"]
+    expected = scheme_compare.decode(one, "pmi", 4, 8, 32, special)
+    for start, part in zip((0, 2), parts):
+        got = scheme_compare.decode(np.load(part), "pmi", 2, 8, 32, special)
+        for key in scheme_compare.KEYS:
+            np.testing.assert_array_equal(got[key], expected[key][start:start + 2], err_msg=f"{key} from {start}")
+
+    _run(no_tensorflow_path, whole, tmp_path / "one", tmp_path / "one_runs", "--steps", "4")
+    _run(no_tensorflow_path, parts[0], tmp_path / "first", tmp_path / "parts_runs", "--total-steps", "4",
+         "--keep-newest-state")
+    kept = tmp_path / "parts_runs" / "pmi-seed0" / "checkpoints" / "2" / "state"
+    assert kept.exists()  # for the next part to resume from, on the machine ...
+    with tarfile.open(tmp_path / "first" / "pmi.tar.gz") as tar:  # ... but never packed
+        assert not any("/state" in m.name for m in tar.getmembers())
+    _run(no_tensorflow_path, parts[1], tmp_path / "second", tmp_path / "parts_runs", "--total-steps", "4")
+    assert not kept.exists()
+
+    in_one, in_parts = (str(tmp_path / d / "pmi-seed0") for d in ("one_runs", "parts_runs"))
+    assert _losses(in_parts) == _losses(in_one) and len(_losses(in_one)) == 6  # 4 training + 2 validation
+    from pmi_jax.formats import perplexity_result, run_dir
+
+    for step in (2, 4):
+        a, b = (perplexity_result.read(run_dir.perplexity_result_path(r, "validation", step))["scores"]["nll"]
+                for r in (in_one, in_parts))
+        np.testing.assert_array_equal(a, b)

@@ -86,6 +86,14 @@ def _fmt_interval(i: intervals.Interval, digits: int = 3) -> str:
     return f"{i.estimate:+.{digits}f} [{i.low:+.{digits}f}, {i.high:+.{digits}f}]"
 
 
+def _multiplicity(pairs: int, steps: int) -> str:
+    """How many intervals a table holds: each is 95% on its own, none is corrected for the others."""
+    total = pairs * steps
+    return (f"This table makes {pairs} pairwise comparison{'s' * (pairs != 1)} per step, {total} in all, each a "
+            "95% interval not corrected for multiplicity: with no true difference anywhere, about "
+            f"{0.05 * total:.1f} of them would exclude 0 by chance.")
+
+
 @dataclasses.dataclass
 class PerplexityTable:
     title: str
@@ -131,10 +139,11 @@ class PerplexityTable:
                         continue
                     d = next(d for d in s.comparison.differences if (d.first, d.second) == (a, b))
                     mark = " ✓" if d.interval.excludes_zero else ""
-                    seeds = f"; seeds {d.seed_spread:.3f}" if s.comparison.seed_aware else ""
+                    seeds = (f"; seeds {d.seed_spread:.3f}" if d.seed_aware else
+                             "; text only (a scheme with one seed)" if s.comparison.seed_aware else "")
                     cells.append(f"{_fmt_interval(d.interval)}{mark}{seeds}")
                 lines.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
-            lines += ["", "✓: the interval excludes 0.", ""]
+            lines += ["", "✓: the interval excludes 0. " + _multiplicity(len(pairs), len(self.steps)), ""]
         lines += [self.verdict(), ""]
         return "\n".join(lines)
 
@@ -154,7 +163,10 @@ class PerplexityTable:
                     + (f"On this text, with this seed: {pairs}." if pairs else
                        "On this text no difference excludes 0 either."))
         seeds = ", ".join(f"{s} {len(self.seeds[s])}" for s in self.schemes)
-        spread = f"pooled seed-to-seed s.d. {c.seed_sd:.3f} nats (df {c.seed_df})"
+        spread = "seed-to-seed s.d. of per-seed means " + ", ".join(
+            f"{v.scheme} {v.seed_sd:.3f}" for v in c.values if v.seed_sd is not None) + " nats"
+        aware = [d.df for d in c.differences if d.seed_aware]
+        spread += f"; Welch df {min(aware):.1f}–{max(aware):.1f}"
         if c.best:
             return (f"At step {last.step}, **{c.best}** is lowest and its difference from every other scheme "
                     f"excludes 0 in the seed-aware interval (training seeds: {seeds}; {spread}; {scale}).")

@@ -126,9 +126,14 @@ def _seed_line(runs: list[Run]) -> str:
         return (f"Training seeds per scheme: {text}. With one training seed per scheme, every interval below "
                 "covers the scored text only, not the training seed: it cannot show that a gap comes from the "
                 "scheme rather than from the seed, so no perplexity winner is marked.")
-    return (f"Training seeds per scheme{' (train.seed/data.seed)' if both else ''}: {text}. Runs of one scheme "
+    line = (f"Training seeds per scheme{' (train.seed/data.seed)' if both else ''}: {text}. Runs of one scheme "
             "with different seeds are grouped; "
             "difference intervals account for the seed-to-seed spread (docs/experiments.md, \"Intervals\").")
+    if not both:
+        line += (f" Every run has data.seed {runs[0].seeds[1]}: the runs of a scheme saw the same data order and "
+                 "masks, so the seed spread covers initialisation and dropout only, not the masks and the data "
+                 "order (a data.seed per run would cover them).")
+    return line
 
 
 def markdown(runs: list[Run], tables: list, plots: list[str]) -> str:
