@@ -328,6 +328,7 @@ def test_cli_prepare_and_show(corpus, prepared, tmp_path, capsys):
     assert cli_main(["corpus", "show", str(out), "--num", "40", "--units", "pmi"]) == 0
     shown = capsys.readouterr().out
     assert "[CLS]" in shown and ("[united states air force]" in shown or "[the united states]" in shown)
+    assert "format version 2 (a seeded hash of each document's text" in shown
     assert cli_main(["corpus", "show", str(out), "--units", "nope"]) == 2
     assert cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(out),
                      "--units", "pmi"]) == 2
