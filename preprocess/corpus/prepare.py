@@ -213,7 +213,7 @@ def record_corpus(output: str, summary: dict, inputs: Sequence[str]) -> dict:
     before = read_json(path)
     if before is not None and before.get("sha256") != summary["sha256"]:
         raise UserInputError(f"--input {' '.join(inputs)}: the text changed since an interrupted run wrote shards "
-                             f"to {output} (same file sizes, other content); pass --overwrite to start again")
+                             f"to {output} (same file sizes, other content); delete {output} and run again")
     write_json(path, summary)
     return summary
 
