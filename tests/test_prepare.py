@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -332,6 +333,7 @@ def test_cli_prepare_and_show(corpus, prepared, tmp_path, capsys):
     assert cli_main(["corpus", "show", str(out), "--num", "40", "--units", "pmi"]) == 0
     shown = capsys.readouterr().out
     assert "[CLS]" in shown and ("[united states air force]" in shown or "[the united states]" in shown)
+    assert "format version 2 (a seeded hash of each document's text" in shown
     assert cli_main(["corpus", "show", str(out), "--units", "nope"]) == 2
     assert cli_main(["corpus", "prepare", "--input", *corpus["inputs"], "--output", str(out),
                      "--units", "pmi"]) == 2
@@ -593,3 +595,28 @@ def test_a_duplicated_document_lands_in_one_shard(tmp_path):
     assert metadata["splits"]["validation"]["documents"] == 2 * len(by_split["validation"]) > 0
     assert metadata["splits"]["train"]["documents"] == 2 * len(by_split["train"])
     assert metadata["corpus"]["documents"] == 400 and metadata["format_version"] == 2
+
+
+def test_a_resume_refuses_input_whose_text_changed_under_the_same_sizes(tmp_path):
+    """The fingerprint knows file sizes only; .progress/corpus.json's sha256 catches the rest."""
+    docs = [f"document {i} about the united states air force" for i in range(40)]
+    text = tmp_path / "a.txt"
+    text.write_text("\n\n".join(docs) + "\n")
+    config = PrepareConfig(inputs=(str(text),), output=str(tmp_path / "data"), wordpiece_size=200, seq_len=32,
+                           validation_fraction=0.0, shards=2, progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(task):
+        raise Killed(task.name)
+
+    with pytest.raises(Killed):
+        prepare(config, on_shard_done=kill)
+    text.write_text(text.read_text().replace("air force", "air FORCE"))  # same bytes, other text
+    with pytest.raises(UserInputError, match="the text changed since an interrupted run"):
+        prepare(config)
+    assert (tmp_path / "data" / "train-00000-of-00002.tfrecord").exists() != \
+        (tmp_path / "data" / "train-00001-of-00002.tfrecord").exists()  # the one shard kept for the fix
+    shutil.rmtree(tmp_path / "data")
+    assert prepare(config)["corpus"]["documents"] == 40

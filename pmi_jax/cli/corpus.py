@@ -48,11 +48,11 @@ def _add_prepare(commands) -> None:
                    help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8, at most "
                    "the longest max_position_embeddings of the configs in configs/)")
     p.add_argument("--validation-fraction", type=float, default=_config("validation_fraction"), metavar="F",
-                   help="fraction of documents held out as the validation split, chosen at random with --seed "
-                   "(default %(default)s; 0 for none)")
+                   help="fraction of documents held out as the validation split: each document with this "
+                   "probability, drawn from --seed and a hash of its text (default %(default)s; 0 for none)")
     p.add_argument("--shards", type=int, default=0, metavar="N",
                    help="train shards; validation gets ceil(N * F). Default 0: one train shard per 32 MiB of "
-                   "text, at least 4")
+                   "input files, at least 4")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the validation choice and the choice between overlapping vocabulary entries "
                    "(default %(default)s)")
