@@ -50,64 +50,10 @@ def _ones(*names: str):
     return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-def _layer_norm(config: ModelConfig, name: str, axis_name: str | None = "embed") -> LayerNorm:
-    return LayerNorm(epsilon=config.layer_norm_eps, dtype=_dtype(config), axis_name=axis_name, name=name)
-
-
-def _ln_stats(x_f32, epsilon: float):
-    # flax's LayerNorm statistics: float32, variance as E[x^2] - E[x]^2 clipped at 0.
-    mean = jnp.mean(x_f32, axis=-1, keepdims=True)
-    var = jnp.maximum(0.0, jnp.mean(x_f32 * x_f32, axis=-1, keepdims=True) - mean * mean)
-    return mean, jax.lax.rsqrt(var + epsilon)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _normalize(x, scale_D, bias_D, epsilon: float, dtype):
-    """LayerNorm over the last axis: statistics and arithmetic in float32, output in `dtype`.
-
-    The forward is flax's `nn.LayerNorm` formula for formula. The backward is the closed form,
-    from x (in its own dtype, bf16 in a bf16 model) and the two float32 statistics per row:
-    differentiated by JAX, the forward kept float32 [B, L, D] residuals (x - mean, the scaled
-    reciprocal) for the backward pass, twice the bytes of x in bf16.
-    """
-    return _normalize_fwd(x, scale_D, bias_D, epsilon, dtype)[0]
-
-
-def _normalize_fwd(x, scale_D, bias_D, epsilon, dtype):
-    x_f32 = x.astype(jnp.float32)
-    mean, rstd = _ln_stats(x_f32, epsilon)
-    y = ((x_f32 - mean) * (rstd * scale_D) + bias_D).astype(dtype)
-    return y, (x, mean, rstd, scale_D)
-
-
-def _normalize_bwd(epsilon, dtype, residuals, dy):
-    x, mean, rstd, scale_D = residuals
-    xhat_f32 = (x.astype(jnp.float32) - mean) * rstd
-    dy_f32 = dy.astype(jnp.float32)
-    g_f32 = dy_f32 * scale_D
-    dx_f32 = rstd * (g_f32 - jnp.mean(g_f32, axis=-1, keepdims=True)
-                     - xhat_f32 * jnp.mean(g_f32 * xhat_f32, axis=-1, keepdims=True))
-    leading = tuple(range(x.ndim - 1))
-    return dx_f32.astype(x.dtype), jnp.sum(dy_f32 * xhat_f32, axis=leading), jnp.sum(dy_f32, axis=leading)
-
-
-_normalize.defvjp(_normalize_fwd, _normalize_bwd)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with `nn.LayerNorm`'s parameters (float32 `scale`, `bias`) and values, whose
-    backward pass keeps only its input and two float32 numbers per row (`_normalize`)."""
-
-    epsilon: float
-    dtype: jnp.dtype
-    axis_name: str | None = "embed"  # the logical name of the parameters' axis
-
-    @nn.compact
-    def __call__(self, x):
-        d = x.shape[-1]
-        scale_D = self.param("scale", _ones(self.axis_name), (d,), jnp.float32)
-        bias_D = self.param("bias", _zeros(self.axis_name), (d,), jnp.float32)
-        return _normalize(x, scale_D, bias_D, self.epsilon, self.dtype)
+def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    # Statistics in float32 whatever the compute dtype; output in the compute dtype.
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=_dtype(config), param_dtype=jnp.float32,
+                        scale_init=_ones("embed"), bias_init=_zeros("embed"), name=name)
 
 
 def _gelu_f32(form: str, x_f32):
@@ -131,9 +77,9 @@ def _gelu(form: str, x):
     """GELU computed in float32, rounded once to x's dtype, whose backward pass keeps only x.
 
     Differentiated by JAX, the erf form's backward reads residuals the forward wrote beside its
-    output (erf's argument, the CDF): on an H100 the bf16 step's GELU forward wrote three
-    [B, L, F] tensors per layer. Here the backward recomputes the slope from x, which the
-    matmul before it wrote anyway, so the forward writes only its output.
+    output (erf's argument, the CDF), three [B, L, F] tensors per layer in a bf16 GPU program
+    (benchmarks/README.md, "GPU program bytes"). Here the backward recomputes the slope from x,
+    which the matmul before it wrote anyway, so the forward writes only its output.
     """
     return _gelu_f32(form, x.astype(jnp.float32)).astype(x.dtype)
 
@@ -574,7 +520,8 @@ class BertForMaskedLM(nn.Module):
         # D -> D: the output axis is left unsharded (it feeds the tied decoder's contraction).
         self.transform = nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                                   kernel_init=_init(c, "embed", None), bias_init=_zeros(None))
-        self.transform_layer_norm = _layer_norm(c, "transform_layer_norm", axis_name=None)
+        self.transform_layer_norm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=_dtype(c), param_dtype=jnp.float32,
+                                                 scale_init=_ones(None), bias_init=_zeros(None))
         self.output_bias = self.param("output_bias", _zeros("vocab"), (c.padded_vocab_size,), jnp.float32)
 
     def predict(self, hidden_BxPxD):
