@@ -8,7 +8,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from pmi_jax.config import ExperimentConfig
 from pmi_jax.errors import UserInputError
@@ -38,6 +37,17 @@ def check_predictions(weights_BxL: np.ndarray, config: ExperimentConfig, step: i
             "model.max_predictions_per_seq or set it to -1 (every position)")
 
 
+def _target_logits(logits_BxPxV, targets_BxP):
+    """logits[..., target], as a sum of the logits selected where the vocabulary index is the target.
+
+    The same values as `jnp.take_along_axis` (one logit plus zeros), but its gradient is a
+    one-hot select that XLA fuses into the softmax's backward pass, where the gather's is a
+    scatter into a zero float32 [B, P, V] array: a pass of its own over the logits' size.
+    """
+    vocab_1x1xV = jax.lax.broadcasted_iota(jnp.int32, (1, 1, logits_BxPxV.shape[-1]), 2)
+    return jnp.sum(jnp.where(vocab_1x1xV == targets_BxP[..., None], logits_BxPxV, 0.0), axis=-1)
+
+
 def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool, num_predictions: int | None = None):
     """(loss, accuracy) of one (micro-)batch, both as sums over its masked tokens / `denominator`.
 
@@ -46,8 +56,10 @@ def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool, 
     since the other positions have weight 0. The denominator is the masked-token count of
     the whole global batch, known before the forward pass, so micro-batch terms add up to
     exactly the full-batch means and no pass over the gradients is needed to normalise them.
-    Accuracy compares the target's logit with the maximum over the vocabulary, both of which
-    the cross-entropy computes anyway, instead of a separate argmax pass over the logits.
+    The cross-entropy is optax's `softmax_cross_entropy_with_integer_labels` (logsumexp minus
+    the target's logit), with the target's logit taken by `_target_logits`. Accuracy compares
+    the target's logit with the maximum over the vocabulary, both of which the cross-entropy
+    computes anyway, instead of a separate argmax pass over the logits.
     `num_predictions`: positions gathered per sequence (default: the model config's at 15%).
     """
     targets_BxL, weights_BxL = batch["targets"], batch["weights"]
@@ -58,7 +70,7 @@ def mlm_loss_terms(model, params, batch, rng, denominator, deterministic: bool, 
         targets_BxL = jnp.take_along_axis(targets_BxL, positions_BxP, axis=1)
     logits_BxPxV = model.apply({"params": params}, batch["inputs"], batch["input_mask"], deterministic=deterministic,
                                positions_BxP=positions_BxP, rngs={"dropout": rng})
-    xent_BxP = optax.softmax_cross_entropy_with_integer_labels(logits_BxPxV, targets_BxL)
-    target_logit_BxP = jnp.take_along_axis(logits_BxPxV, targets_BxL[..., None], axis=-1)[..., 0]
+    target_logit_BxP = _target_logits(logits_BxPxV, targets_BxL)
+    xent_BxP = jax.nn.logsumexp(logits_BxPxV, axis=-1) - target_logit_BxP
     correct_BxP = jax.lax.stop_gradient(target_logit_BxP >= jnp.max(logits_BxPxV, axis=-1)).astype(jnp.float32)
     return jnp.sum(xent_BxP * weights_BxL) / denominator, jnp.sum(correct_BxP * weights_BxL) / denominator

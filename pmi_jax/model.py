@@ -58,9 +58,43 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
                         scale_init=_ones("embed"), bias_init=_zeros("embed"), name=name)
 
 
-def _gelu(form: str, x):
+def _gelu_f32(form: str, x_f32):
     # "erf" by default: the GELU of transformers' BERT (module docstring: why); "tanh" as an option.
-    return nn.gelu(x, approximate=form == "tanh")
+    # The formulas are jax.nn.gelu's, so in float32 the values are its values.
+    return nn.gelu(x_f32, approximate=form == "tanh")
+
+
+def _gelu_slope_f32(form: str, x_f32):
+    """d gelu / dx in float32."""
+    if form == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        t = jnp.tanh(c * (x_f32 + 0.044715 * x_f32 ** 3))
+        return 0.5 * (1.0 + t) + 0.5 * x_f32 * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x_f32 ** 2)
+    cdf = 0.5 * (1.0 + jax.lax.erf(x_f32 * (1.0 / math.sqrt(2.0))))
+    return cdf + x_f32 * jnp.exp(-0.5 * x_f32 * x_f32) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _gelu(form: str, x):
+    """GELU computed in float32, rounded once to x's dtype, whose backward pass keeps only x.
+
+    Differentiated by JAX, the erf form's backward reads residuals the forward wrote beside its
+    output (erf's argument, the CDF), three [B, L, F] tensors per layer in a bf16 GPU program
+    (benchmarks/README.md, "GPU program bytes"). Here the backward recomputes the slope from x,
+    which the matmul before it wrote anyway, so the forward writes only its output.
+    """
+    return _gelu_f32(form, x.astype(jnp.float32)).astype(x.dtype)
+
+
+def _gelu_fwd(form, x):
+    return _gelu(form, x), x
+
+
+def _gelu_bwd(form, x, g):
+    return ((g.astype(jnp.float32) * _gelu_slope_f32(form, x.astype(jnp.float32))).astype(x.dtype),)
+
+
+_gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:

@@ -305,6 +305,35 @@ def test_gathered_head_gives_the_loss_and_accuracy_of_the_full_logits(determinis
                  grads(state.params, gathered), grads(state.params, full))
 
 
+def test_cross_entropy_is_optaxs_in_values_and_logit_gradients():
+    """mlm_loss's cross-entropy (the target logit as a one-hot select, not a gather) gives optax's
+    values bit for bit and its logit gradients to float32 rounding (1e-6 of the largest), padded
+    vocabulary rows (-inf logits) included."""
+    import jax.numpy as jnp
+    import optax
+
+    from pmi_jax.mlm_loss import _target_logits
+
+    logits_BxPxV = jax.random.normal(jax.random.key(0), (3, 5, 40)) * 4
+    logits_BxPxV = logits_BxPxV.at[..., 37:].set(-jnp.inf)
+    targets_BxP = jax.random.randint(jax.random.key(1), (3, 5), 0, 37)
+    weights_BxP = jax.random.uniform(jax.random.key(2), (3, 5))
+
+    def ours(logits):
+        return jnp.sum((jax.nn.logsumexp(logits, axis=-1) - _target_logits(logits, targets_BxP)) * weights_BxP)
+
+    def reference(logits):
+        return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets_BxP) * weights_BxP)
+
+    np.testing.assert_array_equal(np.asarray(_target_logits(logits_BxPxV, targets_BxP)),
+                                  np.asarray(jnp.take_along_axis(logits_BxPxV, targets_BxP[..., None], -1)[..., 0]))
+    value, grad = jax.jit(jax.value_and_grad(ours))(logits_BxPxV)
+    ref_value, ref_grad = jax.jit(jax.value_and_grad(reference))(logits_BxPxV)
+    assert float(value) == float(ref_value)
+    assert np.all(np.asarray(grad)[..., 37:] == 0)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(ref_grad), rtol=0, atol=1e-6)
+
+
 def test_a_batch_with_more_masked_positions_than_the_head_gathers_is_an_error():
     config = _config()  # 32 tokens: the head gathers 8 (15% rounded up to a multiple of 4)
     assert config.model.predictions(32) == 8
