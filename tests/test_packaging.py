@@ -87,7 +87,8 @@ def test_a_named_experiment_config_trains_from_the_installed_wheel(installed, tm
     bin_dir, env = installed
     _run([str(bin_dir / "pmi-jax"), "train", "--config", "experiments/demo", "--data", "synthetic", "--scheme",
           "random_token", "--workdir", str(tmp_path / "run"), "--no-progress",
-          "--set", "train.num_steps=2", "--set", "train.eval_every_steps=0"], env=env, cwd=tmp_path)
+          "--set", "train.num_steps=2", "--set", "train.eval_every_steps=0", "--set", "model.vocab_size=128",
+          "--set", "data.seq_len=32"], env=env, cwd=tmp_path)
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
 
 
