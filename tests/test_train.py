@@ -628,3 +628,26 @@ def test_a_corpus_without_a_validation_split_trains_without_validation(tmp_path,
                                         shards={"train": 1, "validation": 1}, seq_len=32)
     kept = experiment.resolve_run(experiment.RunSpec("tiny", data=with_split, scheme="random_token"))
     assert kept.config.train.eval_every_steps == load_config("tiny").train.eval_every_steps > 0
+
+
+def test_the_loop_calls_its_hooks_in_order_after_every_step_and_the_first_status_ends_it():
+    """train._loop's seam: each hook sees (step, state after the step, that step's metrics), in the
+    order given; a hook that returns a status ends the run at that step and later hooks do not run."""
+    calls = []
+
+    def step_fn(state, batch):
+        return state + batch, {"loss": float(state + batch)}
+
+    def recorder(name, stop_at=None):
+        def hook(step, state, step_metrics):
+            calls.append((name, step, state, step_metrics["loss"]))
+            return "preempted" if step == stop_at else None
+        return hook
+
+    result = train._loop(step_fn, 0, iter([1, 2, 3, 4, 5]), 10, [recorder("a"), recorder("b", stop_at=12),
+                                                                    recorder("c")])
+    assert (result.status, result.step) == ("preempted", 12)
+    assert calls == [("a", 11, 1, 1.0), ("b", 11, 1, 1.0), ("c", 11, 1, 1.0),
+                     ("a", 12, 3, 3.0), ("b", 12, 3, 3.0)]
+    finished = train._loop(step_fn, 0, iter([1, 2]), 0, [recorder("a")])
+    assert (finished.status, finished.step) == ("completed", 2)
