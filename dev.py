@@ -119,6 +119,9 @@ def demo() -> None:
     cli = str(BIN / "pmi-jax")
     out = ROOT / "demo"
     stage = Stages()
+    # One compilation shared by the runs: the train step and the scorer are the same programs for
+    # every scheme and seed, so the commands after the first load them from JAX's persistent cache.
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     with stage("demo corpus"):
         run(cli, "demo-corpus", "--output", str(out / "text"), "--overwrite")
     with stage("vocab build, show"):
