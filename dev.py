@@ -11,12 +11,15 @@ made with another Python is rebuilt.
 
 The virtual environment is rebuilt only when setup.py or constraints.txt change.
 """
+import contextlib
 import hashlib
 import os
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -92,34 +95,71 @@ def setup_venv() -> None:
     STAMP.write_text(fingerprint)
 
 
+class Stages:
+    """Wall-clock and CPU seconds (of the commands, which run as child processes) per demo stage."""
+
+    def __init__(self):
+        self.rows: list[tuple[str, float, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        wall, cpu = time.perf_counter(), self._children_cpu()
+        yield
+        self.rows.append((name, time.perf_counter() - wall, self._children_cpu() - cpu))
+
+    @staticmethod
+    def _children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def print(self) -> None:
+        print("\nThe demo's stages (wall-clock s, CPU s of its commands):", flush=True)
+        for name, wall, cpu in self.rows + [("total", sum(r[1] for r in self.rows), sum(r[2] for r in self.rows))]:
+            print(f"  {name:<28} {wall:7.1f} {cpu:8.1f}", flush=True)
+
+
 def demo() -> None:
     """The README's main command: each step is a plain `pmi-jax` call a user could type."""
     cli = str(BIN / "pmi-jax")
     out = ROOT / "demo"
-    run(cli, "demo-corpus", "--output", str(out / "text"), "--overwrite")
-    run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab"),
-        "--size", "20000", "--min-count", "5", "--overwrite")
-    run(cli, "vocab", "show", str(out / "vocab"), "--top", "8")
-    run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
-        "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
-    run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
-    run(cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1")
+    stage = Stages()
+    # One compilation shared by the runs: the train step and the scorer are the same programs for
+    # every scheme and seed, so the commands after the first load them from JAX's persistent cache.
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    with stage("demo corpus"):
+        run(cli, "demo-corpus", "--output", str(out / "text"), "--overwrite")
+    with stage("vocab build, show"):
+        run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab"),
+            "--size", "20000", "--min-count", "5", "--overwrite")
+        run(cli, "vocab", "show", str(out / "vocab"), "--top", "8")
+    with stage("corpus prepare, show"):
+        run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
+            "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
+        run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
+        run(cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1")
     # The paper's comparison in miniature (docs/experiments.md): two schemes, two training seeds
     # each, same corpus and config, a checkpoint every 100 steps, perplexity at each with one
     # token, one whole word and one pmi unit masked at a time on every validation token, `compare`.
+    # A run keeps about one core busy: the two seeds of a scheme train side by side, then are scored
+    # side by side (each command's outputs are what it writes alone).
     runs = []
     for scheme in ("random_token", "pmi"):
-        for seed in (0, 1):
-            run_dir = out / "runs" / f"{scheme}-seed{seed}"
+        pair = [out / "runs" / f"{scheme}-seed{seed}" for seed in (0, 1)]
+        for run_dir in pair:
             shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time, not a resumed one
-            run(cli, "train", "--config", str(ROOT / "configs" / "experiments" / "demo.py"), "--data",
-                str(out / "data"), "--scheme", scheme, "--workdir", str(run_dir), "--set", f"train.seed={seed}")
-            run(cli, "eval", "perplexity", "--checkpoint", str(run_dir), "--steps", "all", "--unit", "token",
-                "--unit", "word", "--unit", "pmi")
-            runs.append(str(run_dir))
-    run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
+        with stage(f"train {scheme} (2 seeds)"):
+            run_together(*([cli, "train", "--config", str(ROOT / "configs" / "experiments" / "demo.py"), "--data",
+                            str(out / "data"), "--scheme", scheme, "--workdir", str(run_dir), "--set",
+                            f"train.seed={seed}", "--no-progress"] for seed, run_dir in enumerate(pair)))
+        with stage(f"eval {scheme} (2 seeds)"):
+            run_together(*([cli, "eval", "perplexity", "--checkpoint", str(run_dir), "--steps", "all", "--unit",
+                            "token", "--unit", "word", "--unit", "pmi"] for run_dir in pair))
+        runs += map(str, pair)
+    with stage("compare"):
+        run(cli, "compare", *runs, "--output", str(out / "report"), "--overwrite")
     print(f"\nThe comparison: {out / 'report' / 'report.md'}, plots beside it "
           f"({', '.join(p.name for p in sorted((out / 'report').glob('*.png')))})", flush=True)
+    stage.print()
 
 
 EFFECT_SCHEMES = ("random_token", "pmi")  # the default; --schemes may add random_span and naive_pmi

@@ -2,8 +2,24 @@
 
 Every install goes through constraints.txt so that all machines run the same versions:
     pip install -c constraints.txt -e '.[dev]'
+
+The repository keeps preprocess/ and configs/ at its top; the wheel installs them as
+pmi_jax.preprocess and pmi_jax.configs (PACKAGE_DIRS), so that nothing generic lands in a user's
+site-packages (pmi_jax/_source_tree.py gives a checkout the same names).
 """
 from setuptools import find_packages, setup
+
+# Installed name -> folder in the repository; pmi_jax/_source_tree.py holds the same table.
+PACKAGE_DIRS = {"pmi_jax.preprocess": "preprocess", "pmi_jax.configs": "configs"}
+
+
+def packages() -> list[str]:
+    """pmi_jax and its subpackages, then each of PACKAGE_DIRS with its own (configs/experiments too)."""
+    names = find_packages(include=["pmi_jax", "pmi_jax.*"])
+    for name, folder in PACKAGE_DIRS.items():
+        names += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
+    return names
+
 
 CORE = [
     "numpy>=2.4,<2.5",
@@ -26,7 +42,8 @@ setup(
     version="0.1.0",
     description="PMI-Masking for BERT-style masked language model pretraining in JAX/Flax",
     python_requires=">=3.12",
-    packages=find_packages(include=["pmi_jax", "pmi_jax.*", "preprocess", "preprocess.*", "configs"]),
+    packages=packages(),
+    package_dir=PACKAGE_DIRS,
     package_data={"pmi_jax": ["gpu_specs/*.txtpb"]},  # GPU descriptions for compile-only (compile_only.py)
     install_requires=CORE,
     extras_require={

@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
-from pmi_jax import flops, partitioning, train  # noqa: E402
+from pmi_jax import batches, flops, partitioning, train  # noqa: E402
 from pmi_jax.config import load_config  # noqa: E402
 from pmi_jax.optimizer import make_optimizer  # noqa: E402
 
@@ -142,7 +142,7 @@ def run_size(size, seq_len, args, contenders, on_cpu, peak) -> None:
                                         max_position_embeddings=max(base.model.max_position_embeddings, seq_len)),
         data=dataclasses.replace(base.data, seq_len=seq_len),
         train=dataclasses.replace(base.train, batch_size=batch_size))
-    batch = train.SyntheticBatches(VOCAB_SIZE, seq_len, batch_size).global_batch(0)
+    batch = batches.SyntheticBatches(VOCAB_SIZE, seq_len, batch_size).global_batch(0)
     built, times = {}, {}
     for name in contenders:
         try:

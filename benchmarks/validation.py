@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from pmi_jax import partitioning, train  # noqa: E402
+from pmi_jax import batches, partitioning, train  # noqa: E402
 from pmi_jax.config import TrainConfig, apply_overrides, load_config  # noqa: E402
 
 VOCAB_SIZE = 30_522
@@ -44,7 +44,7 @@ def _timed(fn, *args):
 def measure(config, steps: int) -> tuple[float, float, float]:
     """(median step s, median validation batch s, validation compile s)."""
     mesh = partitioning.make_mesh(dataclasses.replace(config.mesh, data=-1, fsdp=1, model=1))
-    source = train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
+    source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)
         state = program.init()

@@ -17,7 +17,7 @@ Contenders, each in a child process of its own (peak RSS is its own, ru_maxrss):
   tf_text      what `corpus prepare` did before issue 23 without --wordpiece: preprocess.wordpiece.count_words
                (tensorflow_text's BasicTokenizer, one process) then tensorflow_text's learner
                (`library_train_vocab`: the binary search of the piece-count threshold)
-  threaded_count  what `corpus prepare` did at 8d13a8e: preprocess.vocab.word_stream.count_words (the
+  threaded_count  what `corpus prepare` did at 8d13a8e: preprocess.text.word_stream.count_words (the
                vocabulary build's reader, every core, the same counts) then the same library learner
   linear_learner  what `corpus prepare` does now: the same threaded count, then wordpiece.train_vocab
                (preprocess.corpus.wordpiece_learner: the library's result in linear time)
@@ -137,7 +137,7 @@ def run_tf_text(path: str, out_vocab: str) -> dict:
 def _threaded_count(path: str):
     import collections
 
-    from preprocess.vocab.word_stream import count_words
+    from preprocess.text.word_stream import count_words
 
     workers = len(os.sched_getaffinity(0))
     count_words([path], workers, batch_chars=1_000)  # warm up: tracing, not timed (counts discarded)

@@ -250,7 +250,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     import jax
     import numpy as np
 
-    from pmi_jax import flops, partitioning, train
+    from pmi_jax import batches, flops, partitioning, train
 
     topology, devices, hbm_bytes, device_kind, spec = _target(topology_name)
     mesh = partitioning.make_mesh(config.mesh, devices)
@@ -261,7 +261,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
         batch_sharding = partitioning.batch_sharding(mesh)
         shape = (config.train.batch_size, config.data.seq_len)
         batch = {k: jax.ShapeDtypeStruct(shape, np.float32 if k == "weights" else np.int32, sharding=batch_sharding)
-                 for k in train.BATCH_KEYS}
+                 for k in batches.BATCH_KEYS}
         try:
             compiled = program.step.lower(train.TrainState(**state), batch).compile()
         except Exception as e:  # XLA's errors (resource exhausted, ...) as one line

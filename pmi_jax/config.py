@@ -330,18 +330,22 @@ NAMED_CONFIGS = ("tiny", "small", "base", "large")
 
 
 def config_path(name_or_path: str) -> str:
-    """`tiny` -> configs/tiny.py next to the pmi_jax package (editable or installed); paths as given."""
-    if name_or_path.endswith(".py") or os.sep in name_or_path:
+    """A name (`tiny`, `experiments/paper`) -> its file in the pmi_jax.configs package, found where
+    that package is (a checkout, an editable install or the wheel); a `.py` path as given."""
+    if name_or_path.endswith(".py") or os.path.isfile(name_or_path):
         if not os.path.exists(name_or_path):
             raise UserInputError(f"--config {name_or_path}: no such file")
         return name_or_path
-    import pmi_jax
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(pmi_jax.__file__))), "configs",
-                        f"{name_or_path}.py")
+    path = os.path.join(configs_dir(), *name_or_path.split("/")) + ".py"
     if not os.path.exists(path):
-        raise UserInputError(f"--config {name_or_path}: no {path} (try tiny, small, base, large or a .py path)")
+        raise UserInputError(f"--config {name_or_path}: no config of that name (try tiny, small, base, large, "
+                             f"experiments/demo, experiments/paper or a .py path)")
     return path
+
+
+def configs_dir() -> str:
+    """The folder of the pmi_jax.configs package (configs/ in the repository)."""
+    return importlib.util.find_spec("pmi_jax.configs").submodule_search_locations[0]
 
 
 def load_config(name_or_path: str):

@@ -15,7 +15,7 @@ import os
 import shlex
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import flax
 import flax.linen as nn
@@ -30,14 +30,9 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
 from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+from pmi_jax.batches import BatchSource, CorpusInfo
+from pmi_jax.mlm_loss import check_predictions, mlm_loss_terms
 from pmi_jax.progress import Progress
-
-# Re-exported: what train.py held before batches.py and mlm_loss.py were split off.
-from pmi_jax.batches import (BATCH_KEYS, BatchSource, CorpusInfo, SyntheticBatches, TaskBatches,  # noqa: F401
-                             configure_for_corpus, read_corpus_info)
-from pmi_jax.mlm_loss import check_predictions, masked_positions, mlm_loss_terms  # noqa: F401
-
-TENSORBOARD_DIR = run_dir.TENSORBOARD_DIR
 
 
 # --------------------------------------------------------------------------------------
@@ -397,19 +392,21 @@ def train(config: ExperimentConfig, workdir: str, source: BatchSource, corpus: C
             start_step, state = 0, program.init()
             if initial_params is not None:
                 state = state.replace(params=place_params(initial_params, program.shardings.params))
-        step_fn = program.step
 
         writer = run_dir.MetricWriter(logdir, enabled=is_main)
-        log = _MetricsLog(writer, config, mesh.devices.size, device_peak(config))
         bar = Progress(config.train.num_steps, config.train.batch_size * config.data.seq_len,
                        enabled=progress and is_main)
-        validation = _Validation.build(config, source, mesh, program) if config.train.eval_every_steps else None
+        metrics = MetricsHook(_MetricsLog(writer, config, mesh.devices.size, device_peak(config)), bar, config,
+                              start_step)
+        checkpoint = CheckpointHook(checkpointer, metrics, config, corpus)
+        validation = [ValidationHook.build(config, source, mesh, program, metrics)] if config.train.eval_every_steps else []
         preemption = _Preemption()
+        hooks = [metrics, *validation, PreemptionHook(preemption, checkpoint), checkpoint]
         # A full disk's one-line error says how much room the run needs: a checkpoint's arrays.
         with storage.needs_space(sum(x.nbytes for x in jax.tree.leaves(state.as_dict()))):
             try:
-                result = _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption,
-                               corpus, validation, bar)
+                result = _loop(program.step, state, _global_batches(config, source, mesh, start_step), start_step,
+                               hooks)
             finally:
                 bar.close()
                 try:
@@ -441,15 +438,55 @@ def place_params(params, shardings):
                         params, shardings)
 
 
+# --------------------------------------------------------------------------------------
+# Hooks: what runs after each step, in the order the loop is given them
+# --------------------------------------------------------------------------------------
+
+
+class Hook(Protocol):
+    def __call__(self, step: int, state: TrainState, step_metrics: dict) -> str | None:
+        """Runs after optimizer step `step`; returning a status ("preempted", ...) ends the run there."""
+
+
+class MetricsHook:
+    """Per-step metrics kept on the device and written every `train.log_every_steps`; the progress line."""
+
+    def __init__(self, log: _MetricsLog, bar: Progress, config: ExperimentConfig, start_step: int):
+        self.log, self.bar, self.config, self.start_step = log, bar, config, start_step
+
+    def __call__(self, step: int, state: TrainState, step_metrics: dict) -> None:
+        self.log.add(step, step_metrics)
+        if step == self.start_step + 1:  # the first step compiled: time from here on
+            jax.block_until_ready(step_metrics)
+            self.log.start_clock(step)
+            self.bar.start(step)
+        self.bar.update(step)
+        if step % self.config.train.log_every_steps == 0 or step == self.config.train.num_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is pending; raises NonFiniteLoss on a non-finite loss."""
+        self.bar.clear()
+        self.log.flush()
+
+    def write_validation(self, step: int, loss: float, accuracy: float, seconds: float) -> None:
+        self.log.pause(seconds)
+        self.bar.clear()
+        self.log.write_validation(step, loss, accuracy, seconds)
+
+
 @dataclasses.dataclass
-class _Validation:
-    """The fixed validation batches, on the devices, and the jitted step that scores them."""
+class ValidationHook:
+    """The fixed validation batches, on the devices, scored every `train.eval_every_steps` and at the end."""
 
     batches: list[dict]  # global arrays
     step: Callable
+    config: ExperimentConfig
+    metrics: MetricsHook
 
     @classmethod
-    def build(cls, config: ExperimentConfig, source: BatchSource, mesh, program: Program) -> "_Validation":
+    def build(cls, config: ExperimentConfig, source: BatchSource, mesh, program: Program,
+              metrics: MetricsHook) -> "ValidationHook":
         """Batches of the micro-batch size (train.batch_size / optimizer.grad_accum_steps): what
         fits a training step's memory fits a validation forward pass."""
         batch = config.train.batch_size // config.optimizer.grad_accum_steps
@@ -458,10 +495,11 @@ class _Validation:
                                           batch // (stop - start))
         for rows in local:
             check_predictions(rows["weights"], config, 0)
-        return cls([partitioning.global_batch_from_host(rows, mesh, batch) for rows in local], program.validate)
+        return cls([partitioning.global_batch_from_host(rows, mesh, batch) for rows in local], program.validate,
+                   config, metrics)
 
-    def due(self, config: ExperimentConfig, step: int) -> bool:
-        return step % config.train.eval_every_steps == 0 or step == config.train.num_steps
+    def due(self, step: int) -> bool:
+        return step % self.config.train.eval_every_steps == 0 or step == self.config.train.num_steps
 
     def run(self, params) -> tuple[float, float]:
         """(loss, accuracy): means over every masked token of the batches."""
@@ -469,49 +507,75 @@ class _Validation:
         loss, correct, tokens = (float(np.sum(np.asarray(jax.device_get(x), np.float64))) for x in zip(*sums))
         return loss / max(tokens, 1.0), correct / max(tokens, 1.0)
 
+    def __call__(self, step: int, state: TrainState, step_metrics: dict) -> None:
+        if self.due(step):
+            began = time.perf_counter()
+            loss, accuracy = self.run(state.params)
+            self.metrics.write_validation(step, loss, accuracy, time.perf_counter() - began)
 
-def _loop(config, state, step_fn, source, mesh, start_step, checkpointer, log, preemption, corpus,
-          validation: _Validation | None, bar: Progress) -> RunResult:
+
+@dataclasses.dataclass
+class CheckpointHook:
+    """Saves every `checkpoint.every_steps` and at the end, after writing the pending metrics (so that
+    a non-finite loss stops the run before a bad state is saved)."""
+
+    checkpointer: checkpoints.Checkpointer
+    metrics: MetricsHook
+    config: ExperimentConfig
+    corpus: CorpusInfo | None
+
+    def save(self, step: int, state: TrainState) -> None:
+        self.metrics.flush()
+        self.checkpointer.save(step, state.as_dict(), checkpoint_metadata(self.config, self.corpus, step))
+
+    def __call__(self, step: int, state: TrainState, step_metrics: dict) -> None:
+        if self.checkpointer.due(step) or step == self.config.train.num_steps:
+            self.save(step, state)
+
+
+@dataclasses.dataclass
+class PreemptionHook:
+    """A SIGTERM or SIGINT received (every process agreeing on the step): checkpoint and stop."""
+
+    preemption: _Preemption
+    checkpoint: CheckpointHook
+
+    def __call__(self, step: int, state: TrainState, step_metrics: dict) -> str | None:
+        if not self.preemption.reached(step):
+            return None
+        self.checkpoint.save(step, state)
+        logging.warning("%s: saved checkpoint at step %d", self.preemption.status(), step)
+        return self.preemption.status()
+
+
+# --------------------------------------------------------------------------------------
+# Loop
+# --------------------------------------------------------------------------------------
+
+
+def _global_batches(config: ExperimentConfig, source: BatchSource, mesh, start_step: int) -> Iterator[dict]:
+    """Global batch s for each step s from `start_step`, from the rows this process holds."""
     global_batch = config.train.batch_size
     start, stop = partitioning.host_batch_rows(mesh, global_batch)
-    batches = source.batches(start_step, start // (stop - start), global_batch // (stop - start))
-    num_steps = config.train.num_steps
-
-    def save(step):
-        bar.clear()
-        log.flush()  # raises on a non-finite loss: a bad state is never saved
-        checkpointer.save(step, state.as_dict(), checkpoint_metadata(config, corpus, step))
-
-    step = start_step
-    while step < num_steps:
+    local_batches = source.batches(start_step, start // (stop - start), global_batch // (stop - start))
+    for step in range(start_step, config.train.num_steps):
         try:
-            local_batch = next(batches)
+            local_batch = next(local_batches)
         except StopIteration:
             raise UserInputError(f"--data {config.data.data_dir}: ran out of batches at step {step}")
         check_predictions(local_batch["weights"], config, step)
-        batch = partitioning.global_batch_from_host(local_batch, mesh, global_batch)
+        yield partitioning.global_batch_from_host(local_batch, mesh, global_batch)
+
+
+def _loop(step_fn: Callable, state: TrainState, batches: Iterator[dict], start_step: int,
+          hooks: Sequence[Hook]) -> RunResult:
+    """One step per batch, every hook after each (in order); the first hook to return a status ends it."""
+    step = start_step
+    for batch in batches:
         state, step_metrics = step_fn(state, batch)
         step += 1
-        log.add(step, step_metrics)
-        if step == start_step + 1:  # the first step compiled: time from here on
-            jax.block_until_ready(step_metrics)
-            log.start_clock(step)
-            bar.start(step)
-        bar.update(step)
-        if step % config.train.log_every_steps == 0 or step == num_steps:
-            bar.clear()
-            log.flush()
-        if validation is not None and validation.due(config, step):
-            began = time.perf_counter()
-            loss, accuracy = validation.run(state.params)
-            seconds = time.perf_counter() - began
-            log.pause(seconds)
-            bar.clear()
-            log.write_validation(step, loss, accuracy, seconds)
-        if preemption.reached(step):
-            save(step)
-            logging.warning("%s: saved checkpoint at step %d", preemption.status(), step)
-            return RunResult(preemption.status(), step, "")
-        if checkpointer.due(step) or step == num_steps:
-            save(step)
+        for hook in hooks:
+            status = hook(step, state, step_metrics)
+            if status is not None:
+                return RunResult(status, step, "")
     return RunResult("completed", step, "")

@@ -43,7 +43,7 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
     from pmi_jax.formats import run_dir
     from pmi_jax.checkpoints import Checkpointer
     from pmi_jax.config import CheckpointConfig, DataConfig, ExperimentConfig, TrainConfig
-    from pmi_jax.train import TENSORBOARD_DIR, checkpoint_metadata
+    from pmi_jax.train import checkpoint_metadata
 
     model = dataclasses.replace(eval_data.tiny_config(), vocab_size=len(prepared_data.vocabulary()))
     config = ExperimentConfig(model=model, data=DataConfig(data_dir=data_dir, scheme=scheme, seq_len=32, **data),
@@ -54,7 +54,7 @@ def _make_run(workdir: str, data_dir: str, scheme: str, *, batch_size: int = 8, 
                           checkpoint_metadata(config, None, step))
     checkpointer.wait()
     checkpointer.close()
-    writer = run_dir.MetricWriter(os.path.join(workdir, TENSORBOARD_DIR), enabled=True)
+    writer = run_dir.MetricWriter(os.path.join(workdir, run_dir.TENSORBOARD_DIR), enabled=True)
     for step in range(1, STEPS[-1] + 1):
         writer.write(step, {"loss": 5.0 - 0.3 * step - 0.1 * seed, "accuracy": 0.01 * step})
         if validation and step % 2 == 0:  # as the trainer writes it: a line of its own

@@ -129,3 +129,17 @@ def test_the_2_4m_config_decays_over_its_own_steps():
     assert float(schedule(1_000_000)) == pytest.approx(peak * 1_400_000 / 2_390_000, rel=1e-5)
     assert float(one_m(1_000_000)) == pytest.approx(0.0, abs=1e-12)
     assert float(schedule(2_400_000)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_named_config_is_found_in_the_configs_package_and_a_path_as_given(tmp_path):
+    """`experiments/paper` names configs/experiments/paper.py wherever pmi_jax.configs lives; the
+    path form still works; an unknown name is the user's error, with the names to try."""
+    import os
+
+    from pmi_jax.config import config_path, load_config
+
+    named, by_path = load_config("experiments/paper"), load_config("configs/experiments/paper.py")
+    assert named == by_path and named.train.num_steps == 1_000_000
+    assert os.path.samefile(config_path("tiny"), os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"))
+    with pytest.raises(UserInputError, match="--config experiments/nope: no config of that name.*experiments/demo"):
+        config_path("experiments/nope")

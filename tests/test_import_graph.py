@@ -5,8 +5,9 @@
     preprocess/*                   may import the bottom layer of pmi_jax only
     pmi_jax/errors, storage, formats/*   the bottom layer: imports nothing else of the project
 
-Inside preprocess/, the shared readers (preprocess/text) import no stage, and only the Beam
-runners (preprocess/beam) import preprocess/beam.
+Inside preprocess/, the shared readers (preprocess/text) import no stage, the two stages
+(preprocess/vocab, preprocess/corpus) do not import each other, and only the Beam runners
+(preprocess/beam) import preprocess/beam. preprocess/ installs as PREPROCESS (setup.py).
 
 Read from the source with `ast` (nothing is imported), including imports inside functions, so
 a lazy import cannot hide an edge. A failure names every offending edge as file:line.
@@ -19,17 +20,20 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("pmi_jax", "preprocess")
+PREPROCESS = "preprocess"  # the module name of the folder preprocess/ (setup.py's package_dir)
+PACKAGES = {"pmi_jax": "pmi_jax", PREPROCESS: "preprocess"}  # module name -> folder
 BOTTOM = ("pmi_jax.errors", "pmi_jax.storage", "pmi_jax.formats")
+STAGES = (f"{PREPROCESS}.vocab", f"{PREPROCESS}.corpus")
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: pathlib.Path, package: str, folder: str) -> str:
+    parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict[str, pathlib.Path]:
-    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+    return {_module_name(p, package, folder): p for package, folder in PACKAGES.items()
+            for p in sorted((ROOT / folder).rglob("*.py"))}
 
 
 MODULES = _modules()
@@ -79,41 +83,57 @@ def _violations(modules, allowed) -> list[str]:
 def test_the_graph_is_read():
     """The parser sees known edges, so an empty violation list means something."""
     assert "pmi_jax.storage" in {t for _, t in project_imports("pmi_jax.formats.prepared_corpus")}
-    assert "pmi_jax.errors" in {t for _, t in project_imports("preprocess.vocab.build_vocab")}
-    assert any(_within(t, "preprocess") for m in MODULES if _within(m, "pmi_jax.cli") for _, t in project_imports(m))
-    assert len([m for m in MODULES if _within(m, "preprocess")]) > 10
+    assert "pmi_jax.errors" in {t for _, t in project_imports(f"{PREPROCESS}.vocab.build_vocab")}
+    assert any(_within(t, PREPROCESS) for m in MODULES if _within(m, "pmi_jax.cli") for _, t in project_imports(m))
+    assert len([m for m in MODULES if _within(m, PREPROCESS)]) > 10
     for module in ("pmi_jax.formats.run_dir", "pmi_jax.batches", "pmi_jax.mlm_loss", "pmi_jax.experiment",
-                   "pmi_jax.eval.run_eval", "preprocess.corpus.output_state", "preprocess.vocab.build_vocab",
-                   "preprocess.text.documents", "preprocess.beam.beam_prepare", "preprocess.text.hf_tokenizer"):
+                   "pmi_jax.eval.run_eval", f"{PREPROCESS}.corpus.output_state", f"{PREPROCESS}.vocab.build_vocab",
+                   f"{PREPROCESS}.text.documents", f"{PREPROCESS}.beam.beam_prepare",
+                   f"{PREPROCESS}.text.hf_tokenizer"):
         assert module in MODULES, module
     assert "pmi_jax.formats.run_dir" in {t for _, t in project_imports("pmi_jax.train")}
-    assert "preprocess.text.hf_tokenizer" in {t for _, t in project_imports("preprocess.corpus.prepare")}
+    assert f"{PREPROCESS}.text.hf_tokenizer" in {t for _, t in project_imports(f"{PREPROCESS}.corpus.prepare")}
+    assert f"{PREPROCESS}.text.mix64" in {t for _, t in project_imports(f"{PREPROCESS}.vocab.partitioned_counts")}
+
+
+def _library(module: str) -> bool:
+    """A module of pmi_jax's library: not a command, not preprocess/ (which installs inside pmi_jax)."""
+    return _within(module, "pmi_jax") and not _within(module, "pmi_jax.cli") and not _within(module, PREPROCESS)
 
 
 def test_no_library_module_of_pmi_jax_imports_preprocess():
-    library = [m for m in MODULES if _within(m, "pmi_jax") and not _within(m, "pmi_jax.cli")]
-    bad = _violations(library, lambda m, target: not _within(target, "preprocess"))
+    library = [m for m in MODULES if _library(m)]
+    bad = _violations(library, lambda m, target: not _within(target, PREPROCESS))
     assert not bad, "pmi_jax library modules must not import preprocess/ (only pmi_jax/cli may):\n" + "\n".join(bad)
 
 
 def test_preprocess_builds_on_the_bottom_layer_only():
-    stages = [m for m in MODULES if _within(m, "preprocess")]
-    bad = _violations(stages, lambda m, target: not _within(target, "pmi_jax") or target == "pmi_jax"
+    stages = [m for m in MODULES if _within(m, PREPROCESS)]
+    bad = _violations(stages, lambda m, target: not _within(target, "pmi_jax") or _within(target, PREPROCESS)
+                      or target == "pmi_jax"
                       or any(_within(target, b) for b in BOTTOM))
     assert not bad, f"preprocess/ may import only {', '.join(BOTTOM)} of pmi_jax:\n" + "\n".join(bad)
 
 
 def test_the_shared_text_readers_import_no_stage():
-    readers = [m for m in MODULES if _within(m, "preprocess.text")]
+    readers = [m for m in MODULES if _within(m, f"{PREPROCESS}.text")]
     assert readers
-    bad = _violations(readers, lambda m, target: not _within(target, "preprocess") or _within(target, "preprocess.text")
-                      or target == "preprocess")
+    bad = _violations(readers, lambda m, target: not _within(target, PREPROCESS)
+                      or _within(target, f"{PREPROCESS}.text") or target == PREPROCESS)
     assert not bad, "preprocess/text is shared by the stages and imports none of them:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_two_stages_do_not_import_each_other(stage):
+    """What both need (word streams, the unit-list check, the 64-bit mixer) lives in preprocess/text."""
+    (other,) = set(STAGES) - {stage}
+    bad = _violations([m for m in MODULES if _within(m, stage)], lambda m, target: not _within(target, other))
+    assert not bad, f"{stage} imports {other}:\n" + "\n".join(bad)
+
+
 def test_only_the_beam_runners_import_beam():
-    others = [m for m in MODULES if not _within(m, "preprocess.beam") and not _within(m, "pmi_jax.cli")]
-    bad = _violations(others, lambda m, target: not _within(target, "preprocess.beam"))
+    others = [m for m in MODULES if not _within(m, f"{PREPROCESS}.beam") and not _within(m, "pmi_jax.cli")]
+    bad = _violations(others, lambda m, target: not _within(target, f"{PREPROCESS}.beam"))
     assert not bad, "preprocess/beam is imported only by the commands:\n" + "\n".join(bad)
 
 
@@ -128,10 +148,10 @@ def test_the_bottom_layer_imports_nothing_else_of_the_project(layer):
 def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     """The checks fail, naming the edge, on a module that breaks the rule."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\n\n\ndef f():\n    from preprocess.vocab.build_vocab import VocabOptions\n")
+    bad.write_text(f"import os\n\n\ndef f():\n    from {PREPROCESS}.vocab.build_vocab import VocabOptions\n")
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
-    assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, "preprocess")) == [
-        "bad.py:5 imports preprocess.vocab.build_vocab"]
+    assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, PREPROCESS)) == [
+        f"bad.py:5 imports {PREPROCESS}.vocab.build_vocab"]
 
 
 def test_statistics_live_in_one_module_that_eval_and_compare_share():

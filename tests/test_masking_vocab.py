@@ -12,6 +12,7 @@ import pytest
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
+from preprocess.text import unit_lists
 from preprocess.vocab import vocab_selection
 from preprocess.vocab.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
 from preprocess.text.documents import iter_documents
@@ -73,11 +74,11 @@ def test_load_ngrams_rejects_missing_or_empty_files(tmp_path, content):
 
 def test_check_accepts_a_list_in_our_normalisation():
     valid = [("new", "york"), ("u", ".", "s", "."), ("cafe", "au", "lait"), ("日", "本")]
-    assert vocab_selection.check_ngrams(valid) == []
+    assert unit_lists.check_ngrams(valid) == []
 
 
 def test_check_reports_each_kind_of_problem():
-    problems = vocab_selection.check_ngrams([("New", "York"), ("u.s.", "army"), ("café", "noir"), ("alone",),
+    problems = unit_lists.check_ngrams([("New", "York"), ("u.s.", "army"), ("café", "noir"), ("alone",),
                                            ("a", "b", "c", "d", "e", "f"), ("ok", "pair"), ("ok", "pair")])
     assert len(problems) == 4
     assert "1 entries have 1 words" in problems[0] and "1 entries have 6 words" in problems[1]

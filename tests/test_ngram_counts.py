@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from preprocess.vocab import byte_pieces, coverage, ngram_counts, sorted_keys, word_keys, word_stream
+from preprocess.text import word_keys, word_stream
+from preprocess.vocab import byte_pieces, coverage, ngram_counts, sorted_keys
 from preprocess.text.documents import iter_documents
 from preprocess.text.words import split_words
 

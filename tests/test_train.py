@@ -1,7 +1,7 @@
 """The training loop on 8 virtual CPU devices: learning, sharding, exact resume, preemption.
 
 Every run is the tiny config shrunk further (hidden 32, 32 tokens, vocabulary 128) on the
-deterministic topic-model batches of `train.SyntheticBatches`, so that a run compiles and
+deterministic topic-model batches of `batches.SyntheticBatches`, so that a run compiles and
 takes its steps in seconds.
 """
 import dataclasses
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from pmi_jax import checkpoints, flops, train
+from pmi_jax import batches, checkpoints, flops, mlm_loss, train
 from pmi_jax.formats import run_dir
 from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
@@ -55,11 +55,11 @@ def _config(*overrides):
 
 
 def _source(config):
-    return train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
+    return batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
 
 
 def _losses(workdir):
-    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    records = run_dir.read_metrics(os.path.join(workdir, run_dir.TENSORBOARD_DIR))
     return [records[s]["loss"] for s in sorted(records)]
 
 
@@ -88,12 +88,12 @@ def test_loss_falls_on_real_prepared_text(tmp_path, demo_prepared_corpus):
     """English text through the whole real pipeline: vocab build, corpus prepare, the seqio
     PMI task, then training. The loss must fall from chance well into what word statistics give."""
     data_dir = demo_prepared_corpus
-    corpus = train.read_corpus_info(data_dir, "pmi", "train")
-    config = train.configure_for_corpus(_config("model.vocab_size=0", "data.seq_len=0", "train.num_steps=80",
+    corpus = batches.read_corpus_info(data_dir, "pmi", "train")
+    config = batches.configure_for_corpus(_config("model.vocab_size=0", "data.seq_len=0", "train.num_steps=80",
                                                 "model.max_position_embeddings=64",
                                                 "optimizer.peak_learning_rate=1e-2", "checkpoint.every_steps=0",
                                                 f"data.data_dir={data_dir}"), corpus)
-    source = train.TaskBatches(data_dir, "pmi", "train", config.data.seq_len, config.train.batch_size, seed=0)
+    source = batches.TaskBatches(data_dir, "pmi", "train", config.data.seq_len, config.train.batch_size, seed=0)
     workdir = str(tmp_path / "run")
     train.train(config, workdir, source, corpus)
     losses = _losses(workdir)
@@ -117,7 +117,7 @@ REFERENCE = ["train.num_steps=12", "checkpoint.every_steps=4", "mesh.data=4", "m
 
 
 def _validation(workdir):
-    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    records = run_dir.read_metrics(os.path.join(workdir, run_dir.TENSORBOARD_DIR))
     return {s: (r["validation_loss"], r["validation_accuracy"]) for s, r in sorted(records.items())
             if "validation_loss" in r}
 
@@ -142,11 +142,11 @@ def test_fsdp_and_gradient_accumulation_give_the_full_batch_losses(tmp_path):
 # signal sent after it logs a step arrives long before the run could end by itself.
 _SLOW_RUN = """
 import json, sys, time
-from pmi_jax import train
+from pmi_jax import batches, train
 from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
 
-class Slow(train.SyntheticBatches):
+class Slow(batches.SyntheticBatches):
     def batches(self, start_step, shard_index, num_shards):
         for step, batch in enumerate(super().batches(start_step, shard_index, num_shards), start_step):
             if step >= int(sys.argv[3]):
@@ -280,7 +280,7 @@ def _loss_terms(config, params, batch, deterministic):
     from pmi_jax.model import BertForMaskedLM
 
     denominator = max(float(batch["weights"].sum()), 1.0)
-    return train.mlm_loss_terms(BertForMaskedLM(config.model), params, batch, jax.random.key(5), denominator,
+    return mlm_loss.mlm_loss_terms(BertForMaskedLM(config.model), params, batch, jax.random.key(5), denominator,
                                 deterministic=deterministic)
 
 
@@ -293,7 +293,7 @@ def test_gathered_head_gives_the_loss_and_accuracy_of_the_full_logits(determinis
     from pmi_jax.optimizer import make_optimizer
 
     state = train.init_state(BertForMaskedLM(gathered.model), make_optimizer(gathered.optimizer, 10), 0, 64)
-    batch = train.SyntheticBatches(128, 64, 16).global_batch(3)
+    batch = batches.SyntheticBatches(128, 64, 16).global_batch(3)
     assert batch["weights"].sum(axis=1).max() > 0
     loss, accuracy = _loss_terms(gathered, state.params, batch, deterministic)
     full_loss, full_accuracy = _loss_terms(full, state.params, batch, deterministic)
@@ -338,14 +338,14 @@ def test_a_batch_with_more_masked_positions_than_the_head_gathers_is_an_error():
     config = _config()  # 32 tokens: the head gathers 8 (15% rounded up to a multiple of 4)
     assert config.model.predictions(32) == 8
     for step in range(20):  # the synthetic batches keep to the masking budget, floor(15%)
-        weights = train.SyntheticBatches(128, 32, 16).global_batch(step)["weights"]
+        weights = batches.SyntheticBatches(128, 32, 16).global_batch(step)["weights"]
         assert weights.sum(axis=1).max() <= 4
-        train.check_predictions(weights, config, step)
+        mlm_loss.check_predictions(weights, config, step)
     weights = np.zeros((2, 32), np.float32)
     weights[1, :9] = 1.0
     with pytest.raises(UserInputError, match=r"step 7 has a sequence with 9 masked positions, more than the MLM "
                                              r"head's 8"):
-        train.check_predictions(weights, config, 7)
+        mlm_loss.check_predictions(weights, config, 7)
 
 
 def test_workdir_holding_another_model(reference):
@@ -357,11 +357,11 @@ def test_workdir_holding_another_model(reference):
 
 def test_scheme_the_corpus_was_not_prepared_for(demo_prepared_corpus):
     data_dir = demo_prepared_corpus  # prepared with pmi units only
-    assert train.read_corpus_info(data_dir, "pmi", "train").seq_len == 64
+    assert batches.read_corpus_info(data_dir, "pmi", "train").seq_len == 64
     for scheme in ("whole_word", "random_span", "random_token"):
-        train.read_corpus_info(data_dir, scheme, "train")
+        batches.read_corpus_info(data_dir, scheme, "train")
     with pytest.raises(UserInputError, match="naive_pmi"):
-        train.read_corpus_info(data_dir, "naive_pmi", "train")
+        batches.read_corpus_info(data_dir, "naive_pmi", "train")
 
 
 # ---------------------------------------------------------------- config and metrics
@@ -557,14 +557,14 @@ def test_validation_is_the_mlm_loss_of_the_fixed_batches_at_its_steps(reference)
     model = BertForMaskedLM(config.model)
     sums = np.zeros(3)
     for batch in first:
-        loss, correct = train.mlm_loss_terms(model, params, batch, jax.random.key(0), 1.0, deterministic=True)
+        loss, correct = mlm_loss.mlm_loss_terms(model, params, batch, jax.random.key(0), 1.0, deterministic=True)
         sums += [float(loss), float(correct), batch["weights"].sum()]
     loss, accuracy = _validation(reference)[8]
     np.testing.assert_allclose([loss, accuracy], [sums[0] / sums[2], sums[1] / sums[2]], rtol=1e-5)
     assert loss < np.log(128 - 5)  # it has learned something by step 8
 
     tagged = {}
-    logdir = os.path.join(reference, train.TENSORBOARD_DIR)
+    logdir = os.path.join(reference, run_dir.TENSORBOARD_DIR)
     for name in os.listdir(logdir):
         if name.startswith("events."):
             for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
@@ -582,14 +582,14 @@ def test_head_gathers_for_the_highest_rate_and_synthetic_batches_keep_to_the_rat
     for step in range(10):
         weights = source.global_batch(step)["weights"]
         assert weights.sum(axis=1).max() <= 0.4 * 30  # floor(40%) of at most 30 words
-    train.check_predictions(source.global_batch(0)["weights"], _config("data.mask_rate=0.4"), 0)
+    mlm_loss.check_predictions(source.global_batch(0)["weights"], _config("data.mask_rate=0.4"), 0)
     with pytest.raises(UserInputError, match=r"more than the MLM head's 8"):
-        train.check_predictions(np.ones((1, 32), np.float32), _config(), 3)
+        mlm_loss.check_predictions(np.ones((1, 32), np.float32), _config(), 3)
 
 
 def test_training_validation_masks_at_the_fixed_rate_whatever_the_training_rate(demo_prepared_corpus):
     def source(**rates):
-        return train.TaskBatches(demo_prepared_corpus, "pmi", "train", 64, 16, seed=3, num_steps=10, **rates)
+        return batches.TaskBatches(demo_prepared_corpus, "pmi", "train", 64, 16, seed=3, num_steps=10, **rates)
 
     fixed = source().validation_batches(3, 16, 0, 1)
     for other in (source(mask_rate=0.4), source(mask_rate=0.3, mask_rate_schedule="linear", mask_rate_end=0.15)):
@@ -608,7 +608,7 @@ class _Interrupted(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class _StopsAt(train.TaskBatches):
+class _StopsAt(batches.TaskBatches):
     stop_at: int = 0
 
     def batches(self, start_step, shard_index, num_shards):
@@ -621,14 +621,14 @@ class _StopsAt(train.TaskBatches):
 def test_a_rate_schedule_resumes_exactly_on_a_prepared_corpus(tmp_path, demo_prepared_corpus):
     """Linear 40% -> 10% over 8 steps through the seqio pipeline: a run stopped after its step-4
     checkpoint and resumed logs bitwise the uninterrupted run's losses and validation."""
-    corpus = train.read_corpus_info(demo_prepared_corpus, "pmi", "train")
-    config = train.configure_for_corpus(_config(
+    corpus = batches.read_corpus_info(demo_prepared_corpus, "pmi", "train")
+    config = batches.configure_for_corpus(_config(
         "model.vocab_size=0", "data.seq_len=0", "model.max_position_embeddings=64", "model.num_layers=1",
         "train.num_steps=8", "checkpoint.every_steps=4", "train.eval_every_steps=4", "train.eval_batches=1",
         "data.mask_rate=0.4", "data.mask_rate_schedule=linear", "data.mask_rate_end=0.1",
         f"data.data_dir={demo_prepared_corpus}"), corpus)
     assert config.model.predictions(64, config.data.highest_mask_rate) == 28
-    source = train.TaskBatches.from_config(config)
+    source = batches.TaskBatches.from_config(config)
     whole = str(tmp_path / "whole")
     train.train(config, whole, source, corpus)
     stopped = str(tmp_path / "stopped")
@@ -657,3 +657,26 @@ def test_a_corpus_without_a_validation_split_trains_without_validation(tmp_path,
                                         shards={"train": 1, "validation": 1}, seq_len=32)
     kept = experiment.resolve_run(experiment.RunSpec("tiny", data=with_split, scheme="random_token"))
     assert kept.config.train.eval_every_steps == load_config("tiny").train.eval_every_steps > 0
+
+
+def test_the_loop_calls_its_hooks_in_order_after_every_step_and_the_first_status_ends_it():
+    """train._loop's seam: each hook sees (step, state after the step, that step's metrics), in the
+    order given; a hook that returns a status ends the run at that step and later hooks do not run."""
+    calls = []
+
+    def step_fn(state, batch):
+        return state + batch, {"loss": float(state + batch)}
+
+    def recorder(name, stop_at=None):
+        def hook(step, state, step_metrics):
+            calls.append((name, step, state, step_metrics["loss"]))
+            return "preempted" if step == stop_at else None
+        return hook
+
+    result = train._loop(step_fn, 0, iter([1, 2, 3, 4, 5]), 10, [recorder("a"), recorder("b", stop_at=12),
+                                                                    recorder("c")])
+    assert (result.status, result.step) == ("preempted", 12)
+    assert calls == [("a", 11, 1, 1.0), ("b", 11, 1, 1.0), ("c", 11, 1, 1.0),
+                     ("a", 12, 3, 3.0), ("b", 12, 3, 3.0)]
+    finished = train._loop(step_fn, 0, iter([1, 2]), 0, [recorder("a")])
+    assert (finished.status, finished.step) == ("completed", 2)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pmi_jax import train
+from pmi_jax import batches, train
 from pmi_jax.formats import run_dir
 from pmi_jax.config import load_config
 from pmi_jax.config import apply_overrides
@@ -96,14 +96,14 @@ def test_a_hung_or_failed_process_fails_the_test_with_every_output(tmp_path):
 
 
 def _losses(workdir):
-    records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+    records = run_dir.read_metrics(os.path.join(workdir, run_dir.TENSORBOARD_DIR))
     return [records[s]["loss"] for s in sorted(records)]
 
 
 def test_two_processes_give_the_losses_of_one(tmp_path):
     config = apply_overrides(load_config("tiny"), OVERRIDES)
     single = str(tmp_path / "single")
-    train.train(config, single, train.SyntheticBatches(128, 32, 16))
+    train.train(config, single, batches.SyntheticBatches(128, 32, 16))
 
     workdir = str(tmp_path / "distributed")
     port = _free_port()

@@ -130,7 +130,7 @@ def test_threaded_word_counts_equal_the_tokenizers(tmp_path, workers):
 
     from preprocess.text.demo_corpus import iter_demo_documents
     from preprocess.text.documents import iter_document_batches
-    from preprocess.vocab.word_stream import count_words
+    from preprocess.text.word_stream import count_words
 
     docs = list(itertools.islice(iter_demo_documents(), 300)) + [
         "Ünïcödé Straße ΣΊΣΥΦΟΣ café 北京大学 e-mail: naïve—dash…", "ＦＵＬＬＷＩＤＴＨ ﬁ ligature \u200bzero\u00adwidth"] * 5

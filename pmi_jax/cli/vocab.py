@@ -175,7 +175,7 @@ def run_check(args: argparse.Namespace) -> int:
     import collections
 
     from pmi_jax.formats.masking_vocab import load_ngrams
-    from preprocess.vocab.vocab_selection import check_ngrams
+    from preprocess.text.unit_lists import check_ngrams
 
     ngrams = load_ngrams(args.path)
     lengths = collections.Counter(len(ngram) for ngram in ngrams)

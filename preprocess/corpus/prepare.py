@@ -227,7 +227,7 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]],
     ever match. A plain list is checked against BERT's uncased words on the default path only.
     """
     from pmi_jax.formats.masking_vocab import load_ngrams, read_stats
-    from preprocess.vocab.vocab_selection import check_ngrams
+    from preprocess.text.unit_lists import check_ngrams
 
     loaded = {}
     for name, source in units:
@@ -557,7 +557,7 @@ def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[s
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
-        from preprocess.vocab.word_stream import count_words  # the vocabulary build's threaded reader: same counts
+        from preprocess.text.word_stream import count_words  # the vocabulary build's threaded reader: same counts
 
         counts = collections.Counter(count_words(corpus.files, config.workers, corpus.text_field, config.progress,
                                                  _BATCH_CHARS))

@@ -15,17 +15,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: splitmix64's increment
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection on uint64 whose output bits all depend on all input bits.
-
-    The project's one 64-bit mixer in numpy: span priorities here, count partitions in
-    preprocess.vocab.partitioned_counts."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+from preprocess.text.mix64 import GOLDEN, mix64
 
 
 def span_priority(seed: int, doc_index: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -92,7 +92,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     from preprocess.text import hf_tokenizer
     from preprocess.text.documents import check_output_apart, expand_inputs, tally_replacements
     from preprocess.vocab.ngram_counts import count_ngrams
-    from preprocess.vocab.word_stream import tokenise_corpus
+    from preprocess.text.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()

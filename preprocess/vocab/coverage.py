@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from preprocess.vocab.ngram_counts import NgramCounts, Positions, frequent_words
-from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.ordered_map import ordered_map
 from preprocess.text.progress import progress_bar
 from preprocess.vocab.sorted_keys import lookup
-from preprocess.vocab.word_stream import CorpusStream
+from preprocess.text.word_stream import CorpusStream
 
 _MAX_REACH = 8  # a match reaches at most this far past the chunk it starts in (n <= 5)
 

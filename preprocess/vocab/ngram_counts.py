@@ -1,6 +1,6 @@
 """Exact counts of the word n-grams of a corpus, in bounded memory (docs/design.md, "Words and n-grams").
 
-Input: the id stream of preprocess/vocab/word_stream.py. Level 1 counts words; level k counts
+Input: the id stream of preprocess/text/word_stream.py. Level 1 counts words; level k counts
 only the k-grams whose two (k-1)-sub-grams are frequent (Apriori), keyed by dense ids of the
 frequent (k-1)-grams and counted by sort in hash partitions that spill to disk past the memory
 budget (preprocess/vocab/partitioned_counts.py). Counts are exact and independent of spilling
@@ -20,11 +20,11 @@ from typing import Callable
 import numpy as np
 
 from preprocess.vocab.byte_pieces import join_pieces
-from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.ordered_map import ordered_map
 from preprocess.vocab.partitioned_counts import PartitionedCounts, split_partitions
 from preprocess.text.progress import progress_bar
 from preprocess.vocab.sorted_keys import lookup
-from preprocess.vocab.word_stream import SEPARATOR, CorpusStream
+from preprocess.text.word_stream import SEPARATOR, CorpusStream
 
 
 @dataclasses.dataclass

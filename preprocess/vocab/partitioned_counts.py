@@ -10,8 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.vocab.ordered_map import ordered_map
-from preprocess.corpus.segmentation import GOLDEN, mix64
+from preprocess.text.ordered_map import ordered_map
+from preprocess.text.mix64 import GOLDEN, mix64
 from preprocess.vocab.sorted_keys import sum_by_key
 
 _PARTITION_BITS = 6

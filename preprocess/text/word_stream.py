@@ -1,7 +1,7 @@
 """The corpus as a stream of int32 word ids on local disk: the input of n-gram counting.
 
 `tokenise_corpus` splits documents into words (preprocess/text/words.py, as byte spans), names each
-word by its key (preprocess/vocab/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
+word by its key (preprocess/text/word_keys.py) and appends int32 word ids to a file, with `SEPARATOR`
 after every document so that no n-gram crosses one. Word ids are given in order of first
 appearance, so they do not depend on the worker count. See docs/design.md, "Words and n-grams".
 """
@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.vocab.ordered_map import ordered_map
+from preprocess.text.ordered_map import ordered_map
 from preprocess.text.progress import progress_bar
-from preprocess.vocab.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
+from preprocess.text.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
 
 SEPARATOR = 0  # id written after every document; never a word
 

@@ -2,7 +2,7 @@
 
 Building a Python string per word and hashing it costs more than splitting the text; a key
 computed with numpy over the whole batch's bytes does not. Short words are their own key, so
-only long words can collide, and the caller (preprocess/vocab/word_stream.py) checks them.
+only long words can collide, and the caller (preprocess/text/word_stream.py) checks them.
 """
 from __future__ import annotations
 
