@@ -35,6 +35,7 @@ from preprocess.corpus.output_state import (PROGRESS_DIR, check_output_apart, cl
                                             close_run, is_done, progress_path, read_json, removed_unless_begun,
                                             write_json)
 from preprocess.text import documents, hf_tokenizer
+from preprocess.text.mix64 import GOLDEN, mix64
 from preprocess.corpus.sequence_packing import SequencePacker
 from preprocess.text.words import split_words_ragged
 
@@ -115,7 +116,7 @@ class Assignment:
 
     def task_of(self, keys: np.ndarray) -> np.ndarray:
         """int64 [D]: the `tasks()` index of each document key (uint64 [D])."""
-        mix, golden = segmentation.mix64, segmentation.GOLDEN
+        mix, golden = mix64, GOLDEN
         with np.errstate(over="ignore"):
             h = mix((np.asarray(keys, np.uint64) ^ mix(np.uint64(self.seed % 2**64) + golden)) + golden)
             split_draw = mix((h ^ np.uint64(0x5A11D)) + golden)

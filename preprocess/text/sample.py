@@ -15,22 +15,16 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from preprocess.text import documents
+from preprocess.text.mix64 import GOLDEN, mix64
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 ALL = np.iinfo(np.uint64).max  # the cut when the corpus holds fewer than N words: every document
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def priorities(texts: Sequence[str], seed: int) -> np.ndarray:
     """uint64 [D]: each document's draw; lower is sampled first."""
     keys = np.fromiter((documents.document_key(t.encode("utf-8")) for t in texts), np.uint64, len(texts))
     with np.errstate(over="ignore"):
-        return _mix((keys ^ _mix(np.uint64(seed % 2**64) + _GOLDEN)) + _GOLDEN)
+        return mix64((keys ^ mix64(np.uint64(seed % 2**64) + GOLDEN)) + GOLDEN)
 
 
 def whitespace_words(texts: Sequence[str]) -> np.ndarray:
