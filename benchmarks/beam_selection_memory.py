@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.beam import beam_vocab  # noqa: E402
-from preprocess.text.demo_corpus import iter_demo_documents  # noqa: E402
-from preprocess.text.words import split_words_flat  # noqa: E402
+from pmi_jax.preprocess.beam import beam_vocab  # noqa: E402
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents  # noqa: E402
+from pmi_jax.preprocess.text.words import split_words_flat  # noqa: E402
 
 
 def measure(build) -> tuple[int, object]:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/prepare.py CORPUS... [--units NAME=VOCAB ...] [--wordpiece VOCAB_TXT]
 
-Both variants run the production code (`preprocess.corpus.prepare.ShardWriter`) over every document
+Both variants run the production code (`pmi_jax.preprocess.corpus.prepare.ShardWriter`) over every document
 of CORPUS into one TFRecord file, in this one process with TensorFlow held to one thread, and
 count CPU time, so the figures are per core and other load on the machine matters less.
 "plain" writes input_ids and word_ids only; "units" also segments every document with each
@@ -27,10 +27,10 @@ import tensorflow as tf  # noqa: E402
 
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab  # noqa: E402
 from pmi_jax.formats.masking_vocab import load_ngrams  # noqa: E402
-from preprocess.corpus import prepare, segmentation, wordpiece  # noqa: E402
-from preprocess.text import documents  # noqa: E402
-from preprocess.corpus.sequence_packing import SequencePacker  # noqa: E402
-from preprocess.text.words import split_words_ragged  # noqa: E402
+from pmi_jax.preprocess.corpus import prepare, segmentation, wordpiece  # noqa: E402
+from pmi_jax.preprocess.text import documents  # noqa: E402
+from pmi_jax.preprocess.corpus.sequence_packing import SequencePacker  # noqa: E402
+from pmi_jax.preprocess.text.words import split_words_ragged  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,7 +59,7 @@ def set_up(args, work_dir: str) -> tuple[str, list[tuple[str, str]], list[tuple[
         f.write(wordpiece_vocab.vocab_text(tokens))
     units = [tuple(u.split("=", 1)) for u in args.units]
     if not units:
-        from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+        from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
 
         print(f"building a {args.vocab_size}-entry PMI masking vocabulary (not timed)", file=sys.stderr)
         vocab_dir = os.path.join(work_dir, "pmi")

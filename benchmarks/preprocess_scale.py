@@ -65,7 +65,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def _source_words(source: str):
     """Whitespace words of every document of `source`, which of them end a document, and the
     positions of those a repetition may perturb (alphabetic, 4+ letters)."""
-    from preprocess.text.documents import expand_inputs, iter_documents
+    from pmi_jax.preprocess.text.documents import expand_inputs, iter_documents
 
     words, ends = [], []
     for doc in iter_documents(expand_inputs([source])):

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from pmi_jax.formats import masking_vocab  # noqa: E402
-from preprocess.vocab import build_vocab, vocab_selection  # noqa: E402
+from pmi_jax.preprocess.vocab import build_vocab, vocab_selection  # noqa: E402
 
 
 def build(inputs: list[str], out: str, words: int, seed: int) -> tuple[dict, dict[str, tuple[int, float]], float]:

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/vocab_build.py /tmp/demo_text --repeat 8
 
 Contenders, each in a child process of its own so that its peak RSS (ru_maxrss) is its own:
-  ours            preprocess.vocab.build_vocab.build_vocabulary, every core, end to end: reading,
+  ours            pmi_jax.preprocess.vocab.build_vocab.build_vocabulary, every core, end to end: reading,
                   tokenisation, counts n = 1..5, PMI scores, ranking, coverage, writing
   ours-1-worker   the same on one worker thread
   ours-4mb        every core, --memory-mb 4: counts spill to disk partitions
@@ -49,14 +49,14 @@ def _cpu_seconds() -> float:
 
 
 def _files(corpus_dir: str) -> list[str]:
-    from preprocess.text.documents import expand_inputs
+    from pmi_jax.preprocess.text.documents import expand_inputs
 
     return expand_inputs([corpus_dir])
 
 
 def run_ours(corpus_dir: str, args, workers: int, memory_mb: int) -> dict:
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
-    from preprocess.vocab.malloc_thresholds import large_array_malloc
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.vocab.malloc_thresholds import large_array_malloc
 
     out = tempfile.mkdtemp(prefix="bench-vocab-")
     warm = os.path.join(out, "warm.txt")
@@ -75,8 +75,8 @@ def run_ours(corpus_dir: str, args, workers: int, memory_mb: int) -> dict:
 
 
 def _words_per_document(corpus_dir: str) -> list[list[str]]:
-    from preprocess.text.documents import iter_document_batches
-    from preprocess.text.words import split_words_flat
+    from pmi_jax.preprocess.text.documents import iter_document_batches
+    from pmi_jax.preprocess.text.words import split_words_flat
 
     documents = []
     for batch in iter_document_batches(_files(corpus_dir), 1_000_000):
@@ -88,7 +88,7 @@ def _words_per_document(corpus_dir: str) -> list[list[str]]:
 
 def run_counter(corpus_dir: str, args) -> dict:
     """The same vocabulary in plain Python, the way one would write it without the vectorised engine."""
-    from preprocess.text.words import split_words_flat
+    from pmi_jax.preprocess.text.words import split_words_flat
 
     split_words_flat(["warm up TensorFlow"])
     start_rss = _peak_rss_mb()

@@ -17,10 +17,10 @@ Contenders, each in a child process of its own (peak RSS is its own, ru_maxrss):
   tf_text      what `corpus prepare` did before issue 23 without --wordpiece: preprocess.wordpiece.count_words
                (tensorflow_text's BasicTokenizer, one process) then tensorflow_text's learner
                (`library_train_vocab`: the binary search of the piece-count threshold)
-  threaded_count  what `corpus prepare` did at 8d13a8e: preprocess.text.word_stream.count_words (the
+  threaded_count  what `corpus prepare` did at 8d13a8e: pmi_jax.preprocess.text.word_stream.count_words (the
                vocabulary build's reader, every core, the same counts) then the same library learner
   linear_learner  what `corpus prepare` does now: the same threaded count, then wordpiece.train_vocab
-               (preprocess.corpus.wordpiece_learner: the library's result in linear time)
+               (pmi_jax.preprocess.corpus.wordpiece_learner: the library's result in linear time)
   tokenizers   `tokenizers`' WordPieceTrainer from raw documents: BertNormalizer (lower-case, strip
                accents), BertPreTokenizer, special tokens [PAD] [UNK] [CLS] [SEP] [MASK] first (ids
                0..4), min_frequency 10 (tensorflow_text's MIN_PIECE_COUNT), all cores (rayon)
@@ -66,7 +66,7 @@ def _peak_rss_mb() -> float:
 
 
 def _split_demo(corpus_dir: str) -> tuple[list[str], list[str]]:
-    from preprocess.text.documents import expand_inputs, iter_documents
+    from pmi_jax.preprocess.text.documents import expand_inputs, iter_documents
 
     docs = list(iter_documents(expand_inputs([corpus_dir])))
     return [d for i, d in enumerate(docs) if i % 10], [d for i, d in enumerate(docs) if not i % 10]
@@ -102,7 +102,7 @@ def library_train_vocab(counts, size: int = SIZE) -> list[str]:
     from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
 
     from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
-    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from pmi_jax.preprocess.corpus.wordpiece import MIN_PIECE_COUNT
 
     ordered, reserved = sorted(counts.items()), list(SPECIAL_TOKENS)
     tokens = library.learn(ordered, size, reserved, upper_thresh=MIN_PIECE_COUNT, lower_thresh=MIN_PIECE_COUNT)
@@ -126,8 +126,8 @@ def _count_then_learn(count, learn, out_vocab: str) -> dict:
 
 
 def run_tf_text(path: str, out_vocab: str) -> dict:
-    from preprocess.corpus import wordpiece
-    from preprocess.text import documents
+    from pmi_jax.preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.text import documents
 
     wordpiece.count_words([["warm up the tokenizer"]])
     return _count_then_learn(lambda: wordpiece.count_words(documents.iter_document_batches([path], 1_000_000)),
@@ -137,7 +137,7 @@ def run_tf_text(path: str, out_vocab: str) -> dict:
 def _threaded_count(path: str):
     import collections
 
-    from preprocess.text.word_stream import count_words
+    from pmi_jax.preprocess.text.word_stream import count_words
 
     workers = len(os.sched_getaffinity(0))
     count_words([path], workers, batch_chars=1_000)  # warm up: tracing, not timed (counts discarded)
@@ -151,7 +151,7 @@ def run_threaded_count(path: str, out_vocab: str) -> dict:
 
 def run_linear_learner(path: str, out_vocab: str) -> dict:
     """`corpus prepare` now: the same count, then the linear-time learner (wordpiece.train_vocab)."""
-    from preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.corpus import wordpiece
 
     return _count_then_learn(_threaded_count(path), lambda counts: wordpiece.train_vocab(counts, SIZE), out_vocab)
 
@@ -160,7 +160,7 @@ def run_tokenizers(path: str, out_vocab: str) -> dict:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess.text import documents
+    from pmi_jax.preprocess.text import documents
 
     wall, cpu = time.perf_counter(), _cpu_seconds()
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -184,7 +184,7 @@ def synthesized_counts(train_docs: list[str], distinct: int, seed: int = 0):
     until there are `distinct` words."""
     import numpy as np
 
-    from preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.corpus import wordpiece
 
     base = wordpiece.count_words([train_docs])
     counts = {w: 100 * c for w, c in base.items()}
@@ -209,8 +209,8 @@ def learners_alone(train_docs: list[str], distinct: int) -> None:
     from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
 
     from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
-    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
-    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+    from pmi_jax.preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 
     counts = sorted(synthesized_counts(train_docs, distinct).items())
     cpu = _cpu_seconds()
@@ -239,8 +239,8 @@ def learner_workers(train_docs: list[str], distinct: int, workers: int, whole_se
     so both count iteration 0): wall and CPU seconds, this process's (what stays serial: the
     greedy split, the merge, the sort) apart from its reaped workers' (what divides by N)."""
     from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS
-    from preprocess.corpus.wordpiece import MIN_PIECE_COUNT
-    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+    from pmi_jax.preprocess.corpus.wordpiece import MIN_PIECE_COUNT
+    from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 
     counts = sorted(synthesized_counts(train_docs, distinct).items())
     results = {}
@@ -264,11 +264,11 @@ def coverage(vocab_txt: str, held_out: list[str]) -> dict:
     """Tokens per word and [UNK] share on the held-out documents, under one tokenizer for all vocabularies."""
     import numpy as np
 
-    from preprocess.corpus.wordpiece import WordPieceEncoder
+    from pmi_jax.preprocess.corpus.wordpiece import WordPieceEncoder
 
     encoder = WordPieceEncoder(vocab_txt)
     tokens = encoder.encode_documents(held_out)
-    from preprocess.text.words import split_words
+    from pmi_jax.preprocess.text.words import split_words
 
     words = sum(len(w) for w in split_words(held_out))
     flat = np.concatenate([np.asarray(t, np.int64) for t in tokens])

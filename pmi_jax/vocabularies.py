@@ -3,7 +3,7 @@
 One type serves every reader of a trained model's vocabulary (seqio tooling, evaluation and
 fine-tuning, its SHA-256 in checkpoints). Encoding is tensorflow_text's lower-casing
 BertTokenizer, the project's word splitting; decoding joins `##` pieces and keeps special tokens
-but [PAD] visible. Corpus preparation uses `preprocess.corpus.wordpiece.WordPieceEncoder`
+but [PAD] visible. Corpus preparation uses `pmi_jax.preprocess.corpus.wordpiece.WordPieceEncoder`
 instead (it needs word boundaries); both give the same ids (tests/test_wordpiece.py).
 A model pretrained on a corpus prepared with `--tokenizer` encodes with that corpus's
 tokenizer.json instead (`TokenizerVocabulary`): fine-tuning must see the ids pretraining saw.

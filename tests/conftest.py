@@ -16,9 +16,9 @@ def demo_prepared_corpus(tmp_path_factory):
     """Real English, through the real pipeline: the first 1,500 documents of the demo corpus
     (Python's own documentation), a PMI masking vocabulary built from them, and the corpus
     prepared with those units at 64 tokens per sequence. Returns the data directory."""
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
-    from preprocess.text.demo_corpus import iter_demo_documents
-    from preprocess.corpus.prepare import PrepareConfig, prepare
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.corpus.prepare import PrepareConfig, prepare
 
     root = tmp_path_factory.mktemp("demo_prepared")
     text = root / "text.txt"

@@ -17,11 +17,11 @@ import pytest
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
-from preprocess.beam import beam_prepare, beam_vocab
-from preprocess.corpus import prepare
-from preprocess.vocab import build_vocab
-from preprocess.vocab.build_vocab import VocabOptions
-from preprocess.text.demo_corpus import iter_demo_documents
+from pmi_jax.preprocess.beam import beam_prepare, beam_vocab
+from pmi_jax.preprocess.corpus import prepare
+from pmi_jax.preprocess.vocab import build_vocab
+from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
 
 VOCAB = VocabOptions(size=400, min_count=3, workers=1)
 
@@ -111,8 +111,8 @@ def test_beams_wordpiece_step_learns_in_worker_processes_what_one_process_learns
     processes: past MIN_PARALLEL_WORDS distinct words they start, and vocab.txt does not change."""
     import numpy as np
 
-    from preprocess.corpus import wordpiece
-    from preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
+    from pmi_jax.preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
 
     rng = np.random.default_rng(5)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))

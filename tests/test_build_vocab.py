@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess.vocab import build_vocab
+from pmi_jax.preprocess.vocab import build_vocab
 
-from preprocess.vocab import vocab_selection
-from preprocess.vocab.ngram_counts import NgramCounts
+from pmi_jax.preprocess.vocab import vocab_selection
+from pmi_jax.preprocess.vocab.ngram_counts import NgramCounts
 
 
 def _table(words):

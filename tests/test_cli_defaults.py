@@ -10,7 +10,7 @@ def _parsed(*argv):
 
 
 def test_vocab_build_defaults_are_vocab_options_fields():
-    from preprocess.vocab.build_vocab import VocabOptions
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
 
     args = _parsed("vocab", "build", "--input", "x.txt", "--output", "out")
     library = VocabOptions()
@@ -20,7 +20,7 @@ def test_vocab_build_defaults_are_vocab_options_fields():
 
 
 def test_corpus_prepare_defaults_are_prepare_config_fields():
-    from preprocess.corpus.prepare import PrepareConfig
+    from pmi_jax.preprocess.corpus.prepare import PrepareConfig
 
     args = _parsed("corpus", "prepare", "--input", "x.txt", "--output", "out")
     fields = {f.name: f.default for f in dataclasses.fields(PrepareConfig)}
@@ -31,7 +31,7 @@ def test_corpus_prepare_defaults_are_prepare_config_fields():
 def test_help_shows_the_library_value():
     from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE
 
-    default = LibraryDefault("preprocess.corpus.prepare", "PrepareConfig", "wordpiece_size")
+    default = LibraryDefault("pmi_jax.preprocess.corpus.prepare", "PrepareConfig", "wordpiece_size")
     assert str(default) == str(DEFAULT_SIZE)
     assert LibraryDefault("pmi_jax.config", "PAPER_SCHEMES").value()[-1] == "pmi"
     help_text = build_parser()._subparsers._group_actions[0].choices["corpus"]._subparsers._group_actions[0] \

@@ -114,8 +114,8 @@ def test_a_file_output_into_a_missing_directory_is_one_line(tmp_path):
 @pytest.fixture
 def vocabulary(tmp_path):
     """A masking vocabulary directory as `vocab build` writes it, and hand labels beside it."""
-    from preprocess.text.demo_corpus import iter_demo_documents
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
     import itertools
 
     text = tmp_path / "text.txt"

@@ -109,7 +109,7 @@ def _passes(name: str, level: int, message: str) -> bool:
 def test_logging_filter_keeps_own_messages_and_real_warnings():
     assert _passes("root", logging.INFO, "3-gram counts spilled to disk 1 times")
     assert _passes("pmi_jax.train", logging.INFO, "step 100")
-    assert _passes("preprocess.corpus.prepare", logging.INFO, "shard 3 done")
+    assert _passes("pmi_jax.preprocess.corpus.prepare", logging.INFO, "shard 3 done")
     assert _passes("absl", logging.WARNING, "a checkpoint could not be deleted")
     assert not _passes("jax._src.xla_bridge", logging.INFO, "Unable to initialize backend 'tpu': not found")
     assert not _passes("jax._src.xla_bridge", logging.WARNING,

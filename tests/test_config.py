@@ -85,7 +85,7 @@ def test_a_bad_scheme_is_refused_where_it_is_given(tmp_path):
     with pytest.raises(UserInputError, match=r"^override 'data.scheme=spans': data.scheme 'spans': not a masking"):
         resolve_config(RunSpec(config="tiny", overrides=("data.scheme=spans",)))
     config_file = tmp_path / "mine.py"
-    config_file.write_text("import dataclasses\nfrom configs.tiny import get_config as tiny\n"
+    config_file.write_text("import dataclasses\nfrom pmi_jax.configs.tiny import get_config as tiny\n"
                            "from pmi_jax.config import DataConfig\n\n\ndef get_config():\n"
                            "    return dataclasses.replace(tiny(), data=DataConfig(scheme='wwm'))\n")
     with pytest.raises(UserInputError, match=rf"^--config {config_file} \({config_file}\): data.scheme 'wwm': not a"):
@@ -104,7 +104,7 @@ def test_the_sequence_length_rule():
 
 
 def test_paper_schemes_are_the_first_six_schemes():
-    from configs.experiments import PAPER_SCHEMES
+    from pmi_jax.configs.experiments import PAPER_SCHEMES
 
     assert SCHEMES[:len(PAPER_SCHEMES)] == PAPER_SCHEMES and SCHEMES[len(PAPER_SCHEMES):] == ("informask",)
     assert len(PAPER_SCHEMES) == 6

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from pmi_jax.errors import UserInputError
-from preprocess.text.documents import expand_inputs, iter_document_batches, read_documents
+from pmi_jax.preprocess.text.documents import expand_inputs, iter_document_batches, read_documents
 
 
 def test_text_format_splits_on_blank_lines_and_joins_lines(tmp_path):

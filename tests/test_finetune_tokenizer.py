@@ -27,8 +27,8 @@ from pmi_jax.errors import UserInputError
 from pmi_jax.eval import finetune, glue, race, squad
 from pmi_jax.formats import hf_checkpoint, prepared_corpus, run_dir
 from pmi_jax.storage import file_sha256
-from preprocess.corpus.prepare import PrepareConfig, prepare
-from preprocess.text.demo_corpus import iter_demo_documents
+from pmi_jax.preprocess.corpus.prepare import PrepareConfig, prepare
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
 from tests import eval_data, hf_tokenizers
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

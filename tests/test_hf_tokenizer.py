@@ -20,11 +20,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus
-from preprocess.text import hf_tokenizer
-from preprocess.vocab import build_vocab
-from preprocess.vocab.build_vocab import VocabOptions
-from preprocess.text.demo_corpus import iter_demo_documents
-from preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
+from pmi_jax.preprocess.text import hf_tokenizer
+from pmi_jax.preprocess.vocab import build_vocab
+from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+from pmi_jax.preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
 from tests import hf_tokenizers
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -44,8 +44,8 @@ def _train_args(data_dir, workdir, *overrides):
 def english(tmp_path_factory):
     """(prepared corpus dir, its documents): 200 documents of the demo corpus, no validation split,
     one shard, so that the train split holds every document in corpus order."""
-    from preprocess.text.demo_corpus import iter_demo_documents
-    from preprocess.corpus.prepare import PrepareConfig, prepare
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.corpus.prepare import PrepareConfig, prepare
 
     root = tmp_path_factory.mktemp("english")
     documents = list(itertools.islice(iter_demo_documents(), 200))
@@ -159,7 +159,7 @@ TRICKY = ("Straße STRASSE … ﬁne ＡＢＣ１２ ᾳ ᾼ x\u00ady a\x07b é 
 
 
 def test_exported_tokenizer_splits_words_as_our_splitter(exported):
-    from preprocess.text.words import split_words
+    from pmi_jax.preprocess.text.words import split_words
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
     backend = tokenizer.backend_tokenizer

@@ -20,7 +20,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PREPROCESS = "preprocess"  # the module name of the folder preprocess/ (setup.py's package_dir)
+PREPROCESS = "pmi_jax.preprocess"  # the module name of the folder preprocess/ (setup.py's package_dir)
 PACKAGES = {"pmi_jax": "pmi_jax", PREPROCESS: "preprocess"}  # module name -> folder
 BOTTOM = ("pmi_jax.errors", "pmi_jax.storage", "pmi_jax.formats")
 STAGES = (f"{PREPROCESS}.vocab", f"{PREPROCESS}.corpus")

@@ -8,7 +8,7 @@ import ctypes
 
 import pytest
 
-from preprocess.vocab.malloc_thresholds import large_array_malloc
+from pmi_jax.preprocess.vocab.malloc_thresholds import large_array_malloc
 
 _SIZE = 40 << 20
 
@@ -61,7 +61,7 @@ def test_thresholds_are_restored_when_the_block_raises():
 
 
 def test_building_a_vocabulary_leaves_the_thresholds_alone(tmp_path):
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
 
     libc = _libc()
     (tmp_path / "c.txt").write_text("new york city is big\n\nnew york is a city\n\nnew york city\n")

@@ -12,11 +12,11 @@ import pytest
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
-from preprocess.text import unit_lists
-from preprocess.vocab import vocab_selection
-from preprocess.vocab.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
-from preprocess.text.documents import iter_documents
-from preprocess.text.words import split_words
+from pmi_jax.preprocess.text import unit_lists
+from pmi_jax.preprocess.vocab import vocab_selection
+from pmi_jax.preprocess.vocab.build_vocab import SCORE_DECIMALS, VocabOptions, build_vocabulary
+from pmi_jax.preprocess.text.documents import iter_documents
+from pmi_jax.preprocess.text.words import split_words
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from preprocess.vocab import measures
+from pmi_jax.preprocess.vocab import measures
 
 
 def compositions(n):

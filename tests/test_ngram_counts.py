@@ -5,10 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from preprocess.text import word_keys, word_stream
-from preprocess.vocab import byte_pieces, coverage, ngram_counts, sorted_keys
-from preprocess.text.documents import iter_documents
-from preprocess.text.words import split_words
+from pmi_jax.preprocess.text import word_keys, word_stream
+from pmi_jax.preprocess.vocab import byte_pieces, coverage, ngram_counts, sorted_keys
+from pmi_jax.preprocess.text.documents import iter_documents
+from pmi_jax.preprocess.text.words import split_words
 
 MAX_N = 5
 MIN_COUNT = 3
@@ -208,7 +208,7 @@ def test_word_keys_give_the_same_stream_as_words_as_strings(long_word_corpus, tm
 
 
 def test_word_keys_of_short_words_are_their_bytes():
-    from preprocess.text.words import split_words_spans
+    from pmi_jax.preprocess.text.words import split_words_spans
 
     spans = split_words_spans(["a ab abc abcdefg abcdefgh b a abc"])
     keys = word_keys.word_keys(spans.buffer, spans.starts, spans.lengths)

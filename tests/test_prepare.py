@@ -13,11 +13,11 @@ import tensorflow as tf
 from pmi_jax.cli import main as cli_main
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus
-from preprocess.text.documents import expand_inputs, iter_documents
-from preprocess.corpus.sequence_packing import SequencePacker
-from preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
-from preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
-from preprocess.text.words import split_words
+from pmi_jax.preprocess.text.documents import expand_inputs, iter_documents
+from pmi_jax.preprocess.corpus.sequence_packing import SequencePacker
+from pmi_jax.preprocess.corpus.prepare import Assignment, PrepareConfig, in_shard_order, prepare
+from pmi_jax.preprocess.corpus.wordpiece_learner import MIN_PARALLEL_WORDS
+from pmi_jax.preprocess.text.words import split_words
 
 PHRASES = ["the united states", "air force", "united states air force", "new york city", "new york",
            "york city hall", "of the", "in the", "machine learning", "learning rate"]
@@ -548,8 +548,8 @@ def test_tokens_per_word_is_recorded_and_grows_as_the_vocabulary_shrinks(corpus,
 def test_the_plan_reads_no_document_only_file_names_and_sizes(corpus, tmp_path, monkeypatch):
     """What the launcher does before the workers start is independent of the corpus's length:
     with the document reader disabled, the plan (assignment, fingerprint, shards to write) is made."""
-    from preprocess.corpus import prepare as prepare_module
-    from preprocess.text import documents
+    from pmi_jax.preprocess.corpus import prepare as prepare_module
+    from pmi_jax.preprocess.text import documents
 
     def no_reading(*args, **kwargs):
         raise AssertionError("the plan read a document")

@@ -11,7 +11,7 @@ import pytest
 
 from pmi_jax.errors import UserInputError
 
-from preprocess.text.documents import read_documents, read_documents_with_resume_points
+from pmi_jax.preprocess.text.documents import read_documents, read_documents_with_resume_points
 
 
 def _docs(n: int, seed: int = 0) -> list[str]:

@@ -12,10 +12,10 @@ from scipy import stats
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
-from preprocess.text import sample
-from preprocess.text.demo_corpus import iter_demo_documents
-from preprocess.vocab import build_vocab
-from preprocess.vocab.build_vocab import VocabOptions
+from pmi_jax.preprocess.text import sample
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+from pmi_jax.preprocess.vocab import build_vocab
+from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
 
 
 def _docs(n: int, seed: int = 0) -> list[str]:

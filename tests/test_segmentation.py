@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from preprocess.corpus import segmentation
-from preprocess.corpus.segmentation import NgramMatcher, span_priority
+from pmi_jax.preprocess.corpus import segmentation
+from pmi_jax.preprocess.corpus.segmentation import NgramMatcher, span_priority
 
 
 def segment(vocab, docs, seed, doc_indices=None):

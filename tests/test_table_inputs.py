@@ -20,11 +20,11 @@ import tensorflow as tf
 
 from pmi_jax.cli import main
 from pmi_jax.errors import UserInputError
-from preprocess.corpus import prepare
-from preprocess.vocab import build_vocab
-from preprocess.vocab.build_vocab import VocabOptions
-from preprocess.text.demo_corpus import iter_demo_documents
-from preprocess.text.documents import expand_inputs, read_documents
+from pmi_jax.preprocess.corpus import prepare
+from pmi_jax.preprocess.vocab import build_vocab
+from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
+from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+from pmi_jax.preprocess.text.documents import expand_inputs, read_documents
 
 ROWS = ["first document here", None, "", "  ", "second one", "third, with punctuation!"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from pmi_jax.cli import main
 from pmi_jax.formats import masking_vocab
-from preprocess.vocab import vocab_size
+from pmi_jax.preprocess.vocab import vocab_size
 
 # (n-gram, score), best first within each length; counts all 10. 8 n-grams, built with --size 8
 # and the default shares: quotas 4 bigrams, 2 trigrams, one 4-gram, one 5-gram.

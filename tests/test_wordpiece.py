@@ -8,8 +8,8 @@ import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import wordpiece_vocab
-from preprocess.corpus import wordpiece
-from preprocess.text.words import split_words
+from pmi_jax.preprocess.corpus import wordpiece
+from pmi_jax.preprocess.text.words import split_words
 
 TRAINING_TEXT = [
     "The United States Air Force was founded in 1947; its headquarters are in the Pentagon.",
@@ -128,9 +128,9 @@ def test_threaded_word_counts_equal_the_tokenizers(tmp_path, workers):
     trained vocab.txt is unchanged."""
     import itertools
 
-    from preprocess.text.demo_corpus import iter_demo_documents
-    from preprocess.text.documents import iter_document_batches
-    from preprocess.text.word_stream import count_words
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.text.documents import iter_document_batches
+    from pmi_jax.preprocess.text.word_stream import count_words
 
     docs = list(itertools.islice(iter_demo_documents(), 300)) + [
         "Ünïcödé Straße ΣΊΣΥΦΟΣ café 北京大学 e-mail: naïve—dash…", "ＦＵＬＬＷＩＤＴＨ ﬁ ligature \u200bzero\u00adwidth"] * 5
@@ -148,7 +148,7 @@ def perturbed_counts():
     five gets a suffix, often a number, so there are many pieces, rare ones and long words."""
     import itertools
 
-    from preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
 
     counts = wordpiece.count_words([list(itertools.islice(iter_demo_documents(), 800))])
     rng = np.random.default_rng(0)
@@ -168,7 +168,7 @@ def test_the_learner_learns_what_tensorflow_texts_learns(perturbed_counts):
     thresholds (including the floor pass corpus prepare runs first) and through its binary search."""
     from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
 
-    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+    from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 
     reserved = list(wordpiece_vocab.SPECIAL_TOKENS)
     assert len(perturbed_counts) > 6_000
@@ -218,7 +218,7 @@ def test_the_learner_counts_the_same_in_worker_processes():
     """Each iteration's counting split over 2 or 3 processes (slices of the words; totals summed
     across them) gives the serial vocabulary, token for token and in order: through the binary
     search, at the floor threshold, and without the joiner."""
-    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+    from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 
     rng = np.random.default_rng(7)
     syllables = ["ka", "to", "ri", "mun", "se", "lo", "pra", "ni", "x", "qu", "e", "ab", "##"]
@@ -248,7 +248,7 @@ def test_the_search_skips_only_passes_that_would_end_under_the_target():
     skipped pass, run anyway, is under its bound and under the target."""
     from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
 
-    from preprocess.corpus.wordpiece_learner import WordPieceLearner
+    from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 
     counts = sorted(_syllable_counts().items())
     reserved = list(wordpiece_vocab.SPECIAL_TOKENS)

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess.text.documents import read_documents
-from preprocess.text.words import split_words
+from pmi_jax.preprocess.text.documents import read_documents
+from pmi_jax.preprocess.text.words import split_words
 
 _CJK_RANGES = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
@@ -134,7 +134,7 @@ def test_invalid_utf8_in_a_file_is_replaced_not_fatal(tmp_path):
 
 
 def test_invalid_utf8_never_crashes_a_vocabulary_build(tmp_path):
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
     from pmi_jax.formats.masking_vocab import load_ngrams
 
     text = b"\n\n".join([b"the caf\xe9 \xff opens at noon", b"{\"text\": 1}", b"the caf\xe9 \xff opens late"] * 3)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess.text.words import SPAN_PADDING, split_words_flat, split_words_spans
+from pmi_jax.preprocess.text.words import SPAN_PADDING, split_words_flat, split_words_spans
 
 ASCII = [chr(c) for c in range(128)]
 # Characters around which normalisation, case folding and splitting do something unusual:
@@ -63,7 +63,7 @@ def test_edge_cases(documents):
 
 
 def test_demo_corpus_text():
-    from preprocess.text.demo_corpus import iter_demo_documents
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
 
     documents = list(itertools.islice(iter_demo_documents(), 3000))
     assert any(not d.isascii() for d in documents)

@@ -9,7 +9,7 @@ finishes) the whole experiment.
 """
 import dataclasses
 
-from configs.tiny import get_config as tiny
+from pmi_jax.configs.tiny import get_config as tiny
 from pmi_jax.config import CheckpointConfig, OptimizerConfig
 
 

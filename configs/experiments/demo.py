@@ -8,7 +8,7 @@ schemes' single-token perplexities differ by a few percent at most.
 """
 import dataclasses
 
-from configs.tiny import get_config as tiny
+from pmi_jax.configs.tiny import get_config as tiny
 from pmi_jax.config import CheckpointConfig, ExperimentConfig
 
 

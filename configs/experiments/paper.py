@@ -11,7 +11,7 @@ scheme on one corpus. Their Figure 1 evaluates every 200K steps: a checkpoint is
 """
 import dataclasses
 
-from configs.base import get_config as base
+from pmi_jax.configs.base import get_config as base
 from pmi_jax.config import CheckpointConfig, ExperimentConfig
 
 

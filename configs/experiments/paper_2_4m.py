@@ -13,7 +13,7 @@ are, as §4.1 says, "not precisely comparable". A checkpoint every 200K steps, a
 """
 import dataclasses
 
-from configs.experiments.paper import get_config as paper
+from pmi_jax.configs.experiments.paper import get_config as paper
 from pmi_jax.config import CheckpointConfig, ExperimentConfig
 
 NUM_STEPS = 2_400_000

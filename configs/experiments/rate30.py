@@ -11,7 +11,7 @@ over training add `--set data.mask_rate_schedule=linear --set data.mask_rate_end
 """
 import dataclasses
 
-from configs.experiments.demo import get_config as demo
+from pmi_jax.configs.experiments.demo import get_config as demo
 from pmi_jax.config import ExperimentConfig
 
 

@@ -6,11 +6,11 @@ import argparse
 
 from pmi_jax.cli import io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
-from preprocess.beam import beam_options
+from pmi_jax.preprocess.beam import beam_options
 
 
 def _config(field: str) -> LibraryDefault:
-    return LibraryDefault("preprocess.corpus.prepare", "PrepareConfig", field)
+    return LibraryDefault("pmi_jax.preprocess.corpus.prepare", "PrepareConfig", field)
 
 
 def add_parser(subparsers) -> None:
@@ -125,7 +125,7 @@ def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
 def run_prepare(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from pmi_jax.config import check_trainable_seq_len
-    from preprocess.corpus.prepare import PrepareConfig, prepare
+    from pmi_jax.preprocess.corpus.prepare import PrepareConfig, prepare
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
@@ -136,7 +136,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     check_trainable_seq_len(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
-            from preprocess.beam import beam_prepare
+            from pmi_jax.preprocess.beam import beam_prepare
 
             metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
         else:

@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.text.demo_corpus import iter_demo_documents, iter_installed_documents
+    from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents, iter_installed_documents
 
     storage.check_new_output(args.output, args.overwrite, directory=True)
     count = 0

@@ -9,12 +9,12 @@ import argparse
 
 from pmi_jax.cli import io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
-from preprocess.beam import beam_options
-from preprocess.vocab.measures import MEASURES
+from pmi_jax.preprocess.beam import beam_options
+from pmi_jax.preprocess.vocab.measures import MEASURES
 
 
 def _option(field: str) -> LibraryDefault:
-    return LibraryDefault("preprocess.vocab.build_vocab", "VocabOptions", field)
+    return LibraryDefault("pmi_jax.preprocess.vocab.build_vocab", "VocabOptions", field)
 
 
 def add_parser(subparsers) -> None:
@@ -127,7 +127,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def run_build(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
 
     options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
                            min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
@@ -136,12 +136,12 @@ def run_build(args: argparse.Namespace) -> int:
                            sample_words=args.sample_words, sample_seed=args.sample_seed)
     with storage.write_errors(args.output):
         if args.runner:
-            from preprocess.beam import beam_vocab
+            from pmi_jax.preprocess.beam import beam_vocab
 
             stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
                                                 pipeline_options=beam_options.pipeline_options(args))
         else:
-            from preprocess.vocab.malloc_thresholds import large_array_malloc
+            from pmi_jax.preprocess.vocab.malloc_thresholds import large_array_malloc
 
             with large_array_malloc():
                 stats = build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
@@ -175,7 +175,7 @@ def run_check(args: argparse.Namespace) -> int:
     import collections
 
     from pmi_jax.formats.masking_vocab import load_ngrams
-    from preprocess.text.unit_lists import check_ngrams
+    from pmi_jax.preprocess.text.unit_lists import check_ngrams
 
     ngrams = load_ngrams(args.path)
     lengths = collections.Counter(len(ngram) for ngram in ngrams)
@@ -190,7 +190,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_select(args: argparse.Namespace) -> int:
     import os
 
-    from preprocess.vocab.vocab_size import select_size
+    from pmi_jax.preprocess.vocab.vocab_size import select_size
 
     plot = args.plot or os.path.splitext(args.labels)[0] + ".select.png"
     selection = select_size(args.directory, args.labels, step=args.step, order=args.order, plot=plot)

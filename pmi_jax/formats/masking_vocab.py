@@ -26,7 +26,7 @@ def write_vocabulary(directory: str, vocab_lines: str, tsv_rows: str, stats: dic
     """Write the three files into `directory` (a fresh temporary directory the caller renames).
 
     `vocab_lines` and `tsv_rows` are the files' lines already joined, each ending in a newline
-    (`preprocess.vocab.build_vocab.vocabulary_text`): a vocabulary has up to 800K of them.
+    (`pmi_jax.preprocess.vocab.build_vocab.vocabulary_text`): a vocabulary has up to 800K of them.
     """
     with gfile.GFile(join(directory, VOCAB_TXT), "w") as f:
         f.write(vocab_lines)

@@ -1,6 +1,6 @@
 """What the two Beam pipelines share: reading the corpus in parallel (runner flags: beam_options.py).
 
-`preprocess.beam.beam_vocab` and `preprocess.beam.beam_prepare` run the local pipelines' own code
+`pmi_jax.preprocess.beam.beam_vocab` and `pmi_jax.preprocess.beam.beam_prepare` run the local pipelines' own code
 (`pmi-jax vocab build`, `pmi-jax corpus prepare`) as Apache Beam transforms; those commands
 run them when given `--runner`.
 """
@@ -22,7 +22,7 @@ BATCH_CHARS = 1_000_000
 
 def _read_batches(path: str, batch_chars: int, text_field: str) -> Iterator[list[str]]:
     """The batches of one file, then its count of invalid UTF-8 bytes on the output "invalid"."""
-    from preprocess.text.documents import iter_document_batches, tally_replacements
+    from pmi_jax.preprocess.text.documents import iter_document_batches, tally_replacements
 
     with tally_replacements() as replaced:
         yield from iter_document_batches([path], batch_chars, text_field)

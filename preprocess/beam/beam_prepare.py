@@ -2,7 +2,7 @@
 
     pmi-jax corpus prepare --input gs://B/corpora/owt --output gs://B/prepared/owt --units pmi=gs://B/vocab/pmi --runner DataflowRunner ...
 
-The local pipeline's work (preprocess.corpus.prepare), cut where it is already cut: the launcher
+The local pipeline's work (pmi_jax.preprocess.corpus.prepare), cut where it is already cut: the launcher
 lists file names and sizes and claims the output; each worker reads whole files and routes every
 document to its shard (`prepare.routed_documents`: a hash of the text); a group by shard brings
 each shard's documents to one worker, which restores corpus order and writes the shard
@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Sequence
 import apache_beam as beam
 
 from pmi_jax import storage
-from preprocess.beam import beam_options, beam_pipeline
+from pmi_jax.preprocess.beam import beam_options, beam_pipeline
 
 
 class RouteDocuments(beam.DoFn):
@@ -30,7 +30,7 @@ class RouteDocuments(beam.DoFn):
         self._todo = frozenset(todo)
 
     def process(self, indexed: tuple[int, str]):
-        from preprocess.corpus import prepare
+        from pmi_jax.preprocess.corpus import prepare
 
         f, path = indexed
         stats: dict = {}
@@ -51,7 +51,7 @@ class WriteShards(beam.DoFn):
         self._writer = None
 
     def process(self, grouped: tuple[int, Iterable], vocab_ready=None) -> Iterator[tuple[str, dict]]:
-        from preprocess.corpus import prepare
+        from pmi_jax.preprocess.corpus import prepare
 
         if self._writer is None:  # built on first use, after the vocab.txt side input exists
             self._writer = prepare.ShardWriter(self._context)
@@ -62,13 +62,13 @@ class WriteShards(beam.DoFn):
 
 
 def record_corpus(file_stats: Sequence[tuple[int, dict]], output: str, inputs: Sequence[str]) -> None:
-    from preprocess.corpus import prepare
+    from pmi_jax.preprocess.corpus import prepare
 
     prepare.record_corpus(output, prepare.corpus_summary(file_stats), inputs)
 
 
 def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
-    from preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.corpus import wordpiece
 
     yield from wordpiece.count_words([batch]).items()
 
@@ -84,7 +84,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
     import os
 
     from pmi_jax.formats import wordpiece_vocab
-    from preprocess.corpus import wordpiece
+    from pmi_jax.preprocess.corpus import wordpiece
 
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size, workers=workers or os.cpu_count() or 1)
     wordpiece_vocab.write_vocab(vocab_txt, tokens)
@@ -93,7 +93,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
 
 def prepare(config, pipeline_options=None) -> dict:
     """Prepare (or finish preparing) `config.output` with Beam; return its metadata (as `prepare.prepare`)."""
-    from preprocess.corpus import prepare as local
+    from pmi_jax.preprocess.corpus import prepare as local
 
     with local.removed_unless_begun(config.output):
         plan = local.plan_prepare(config)
@@ -103,7 +103,7 @@ def prepare(config, pipeline_options=None) -> dict:
 
 
 def _run(config, plan, pipeline_options) -> dict:
-    from preprocess.corpus import prepare as local
+    from pmi_jax.preprocess.corpus import prepare as local
 
     given, vocab_txt = plan.given_wordpiece, plan.vocab_txt
     files, text_field = plan.corpus.files, plan.corpus.text_field

@@ -22,9 +22,9 @@ import apache_beam as beam
 import numpy as np
 
 from pmi_jax.errors import UserInputError
-from preprocess.beam import beam_options, beam_pipeline
+from pmi_jax.preprocess.beam import beam_options, beam_pipeline
 
-Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.text.words yields them
+Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as pmi_jax.preprocess.text.words yields them
 
 
 # ---------------------------------------------------------------------------------------------
@@ -33,9 +33,9 @@ Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as preprocess.text.wo
 
 def document_words(batch: Sequence[str], tokenizer: str | None = None, cased: bool = False) -> list[tuple[bytes, ...]]:
     """The words of each document of a batch (one tokeniser call for the whole batch), split as
-    `vocab build --tokenizer` says (preprocess.text.hf_tokenizer; loaded once per worker process)."""
-    from preprocess.text import hf_tokenizer
-    from preprocess.text.words import split_words_flat
+    `vocab build --tokenizer` says (pmi_jax.preprocess.text.hf_tokenizer; loaded once per worker process)."""
+    from pmi_jax.preprocess.text import hf_tokenizer
+    from pmi_jax.preprocess.text.words import split_words_flat
 
     chosen = hf_tokenizer.select(tokenizer, cased)
     flat, splits = split_words_flat(batch) if chosen is None else chosen.words_flat(batch)
@@ -103,17 +103,17 @@ def tag(value, n: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# --sample-words: preprocess.text.sample, its cut combined over the workers
+# --sample-words: pmi_jax.preprocess.text.sample, its cut combined over the workers
 
 
 def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from preprocess.text import sample
+    from pmi_jax.preprocess.text import sample
 
     return sample.priorities(batch, seed), sample.whitespace_words(batch)
 
 
 def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
-    from preprocess.text import sample
+    from pmi_jax.preprocess.text import sample
 
     kept = sample.in_sample(batch, seed, cut)
     if kept:
@@ -134,14 +134,14 @@ class SampleCut(beam.CombineFn):
         return self.merge_accumulators([accumulator, batch])
 
     def merge_accumulators(self, accumulators):
-        from preprocess.text import sample
+        from pmi_jax.preprocess.text import sample
 
         accumulators = list(accumulators)
         return sample.lowest(np.concatenate([a[0] for a in accumulators]),
                              np.concatenate([a[1] for a in accumulators]), self._target)
 
     def extract_output(self, accumulator) -> int:
-        from preprocess.text import sample
+        from pmi_jax.preprocess.text import sample
 
         return sample.cut(*accumulator, self._target)
 
@@ -202,8 +202,8 @@ def counts_table(words, levels: Sequence[tuple[int, np.ndarray, np.ndarray]], co
     n-gram keys follow `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams
     * F + last word.
     """
-    from preprocess.vocab.ngram_counts import NgramCounts
-    from preprocess.vocab.sorted_keys import lookup
+    from pmi_jax.preprocess.vocab.ngram_counts import NgramCounts
+    from pmi_jax.preprocess.vocab.sorted_keys import lookup
 
     word_list, word_counts, _ = words
     num_frequent = max(len(word_list), 1)
@@ -224,8 +224,8 @@ def counts_table(words, levels: Sequence[tuple[int, np.ndarray, np.ndarray]], co
 
 
 def select(_, options, files: Sequence[str], words, levels, counted, totals, distinct_words: int) -> dict:
-    """Score, rank and cut with preprocess.vocab.build_vocab; return what the later stages need."""
-    from preprocess.vocab import build_vocab
+    """Score, rank and cut with pmi_jax.preprocess.vocab.build_vocab; return what the later stages need."""
+    from pmi_jax.preprocess.vocab import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
@@ -237,7 +237,7 @@ def select(_, options, files: Sequence[str], words, levels, counted, totals, dis
         raise UserInputError(f"--input {' '.join(files)}: no n-gram of 2 or more words occurs "
                              f"--min-count {options.min_count} times; give more text or lower --min-count")
     # Coverage and elapsed time are filled in by the last stage; the key order stays the local one.
-    from preprocess.text import hf_tokenizer
+    from pmi_jax.preprocess.text import hf_tokenizer
 
     tokenizer = hf_tokenizer.select(options.tokenizer, options.cased)
     if tokenizer is not None:
@@ -335,9 +335,9 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
-    from preprocess.vocab.build_vocab import VocabOptions
-    from preprocess.text import hf_tokenizer
-    from preprocess.text.documents import check_output_apart, expand_inputs
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
+    from pmi_jax.preprocess.text import hf_tokenizer
+    from pmi_jax.preprocess.text.documents import check_output_apart, expand_inputs
 
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.

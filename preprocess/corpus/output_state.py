@@ -15,9 +15,9 @@ from typing import Iterator, Sequence
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import informask_rates, prepared_corpus
-from preprocess.text import documents
+from pmi_jax.preprocess.text import documents
 
-log = logging.getLogger("preprocess.corpus.prepare")
+log = logging.getLogger("pmi_jax.preprocess.corpus.prepare")
 
 MARKER = ".prepare.json"      # the configuration of an unfinished run
 PROGRESS_DIR = ".progress"    # per-shard stats of finished shards

@@ -30,14 +30,14 @@ import tqdm
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
-from preprocess.corpus import segmentation, wordpiece
-from preprocess.corpus.output_state import (PROGRESS_DIR, check_output_apart, claim_output,  # noqa: F401
+from pmi_jax.preprocess.corpus import segmentation, wordpiece
+from pmi_jax.preprocess.corpus.output_state import (PROGRESS_DIR, check_output_apart, claim_output,  # noqa: F401
                                             close_run, is_done, progress_path, read_json, removed_unless_begun,
                                             write_json)
-from preprocess.text import documents, hf_tokenizer
-from preprocess.text.mix64 import GOLDEN, mix64
-from preprocess.corpus.sequence_packing import SequencePacker
-from preprocess.text.words import split_words_ragged
+from pmi_jax.preprocess.text import documents, hf_tokenizer
+from pmi_jax.preprocess.text.mix64 import GOLDEN, mix64
+from pmi_jax.preprocess.corpus.sequence_packing import SequencePacker
+from pmi_jax.preprocess.text.words import split_words_ragged
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def load_unit_vocabularies(units: Sequence[tuple[str, str]],
     ever match. A plain list is checked against BERT's uncased words on the default path only.
     """
     from pmi_jax.formats.masking_vocab import load_ngrams, read_stats
-    from preprocess.text.unit_lists import check_ngrams
+    from pmi_jax.preprocess.text.unit_lists import check_ngrams
 
     loaded = {}
     for name, source in units:
@@ -558,7 +558,7 @@ def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[s
     tokens = given
     if tokens is None:
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
-        from preprocess.text.word_stream import count_words  # the vocabulary build's threaded reader: same counts
+        from pmi_jax.preprocess.text.word_stream import count_words  # the vocabulary build's threaded reader: same counts
 
         counts = collections.Counter(count_words(corpus.files, config.workers, corpus.text_field, config.progress,
                                                  _BATCH_CHARS))

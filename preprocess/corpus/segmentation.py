@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from preprocess.text.mix64 import GOLDEN, mix64
+from pmi_jax.preprocess.text.mix64 import GOLDEN, mix64
 
 
 def span_priority(seed: int, doc_index: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

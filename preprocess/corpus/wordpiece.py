@@ -1,10 +1,10 @@
 """WordPiece vocabularies (docs/design.md, "Prepared corpus"): train an uncased one; tokenise.
 
 Reading and writing vocab.txt is `pmi_jax.formats.wordpiece_vocab`. Words come from
-`preprocess.text.words` and are cut into pieces by tensorflow_text's WordpieceTokenizer, which
+`pmi_jax.preprocess.text.words` and are cut into pieces by tensorflow_text's WordpieceTokenizer, which
 is exactly `tensorflow_text.BertTokenizer(vocab_txt, lower_case=True)`, so the ids are any BERT
 tokenizer's with this vocab.txt (tests/test_wordpiece.py). Training learns what tensorflow_text's
-WordPiece learner learns (computed by `preprocess.corpus.wordpiece_learner`, in linear time) on
+WordPiece learner learns (computed by `pmi_jax.preprocess.corpus.wordpiece_learner`, in linear time) on
 word counts from the same words.
 """
 from __future__ import annotations
@@ -18,15 +18,15 @@ import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_bert_vocab
-from preprocess.corpus.wordpiece_learner import WordPieceLearner
-from preprocess.text.words import split_words_ragged
+from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
+from pmi_jax.preprocess.text.words import split_words_ragged
 
 # Below this many occurrences a piece is not worth a vocabulary entry (tensorflow_text's default).
 MIN_PIECE_COUNT = 10
 
 
 def count_words(document_batches: Iterable[Sequence[str]]) -> collections.Counter:
-    """Word frequencies over a corpus, words as `preprocess.text.words` splits them."""
+    """Word frequencies over a corpus, words as `pmi_jax.preprocess.text.words` splits them."""
     counts: collections.Counter = collections.Counter()
     for batch in document_batches:
         words = split_words_ragged(tf.constant(list(batch))).flat_values.numpy()

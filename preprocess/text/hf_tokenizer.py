@@ -97,15 +97,15 @@ class HFTokenizer:
         return words
 
     def words_flat(self, documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """As `preprocess.text.words.split_words_flat`: (bytes per word, row_splits [documents + 1])."""
+        """As `pmi_jax.preprocess.text.words.split_words_flat`: (bytes per word, row_splits [documents + 1])."""
         per_document = self.words(documents)
         flat = np.array([w.encode("utf-8") for words in per_document for w in words] or [], dtype=object)
         row_splits = np.cumsum([0] + [len(words) for words in per_document]).astype(np.int64)
         return flat, row_splits
 
     def word_spans(self, documents: Sequence[str]):
-        """As `preprocess.text.words.split_words_spans`: the words as spans of one byte buffer."""
-        from preprocess.text.words import SPAN_PADDING, WordSpans
+        """As `pmi_jax.preprocess.text.words.split_words_spans`: the words as spans of one byte buffer."""
+        from pmi_jax.preprocess.text.words import SPAN_PADDING, WordSpans
 
         flat, row_splits = self.words_flat(documents)
         lengths = np.fromiter(map(len, flat), np.int64, len(flat))

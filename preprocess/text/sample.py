@@ -14,8 +14,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from preprocess.text import documents
-from preprocess.text.mix64 import GOLDEN, mix64
+from pmi_jax.preprocess.text import documents
+from pmi_jax.preprocess.text.mix64 import GOLDEN, mix64
 
 ALL = np.iinfo(np.uint64).max  # the cut when the corpus holds fewer than N words: every document
 

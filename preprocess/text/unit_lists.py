@@ -17,7 +17,7 @@ def check_ngrams(ngrams: Sequence[tuple[str, ...]], max_examples: int = 3, norma
     entries are reported with their counts. `normalisation=False` skips the word check, for words
     of another tokenizer (preprocess/text/hf_tokenizer.py), which need not survive being re-split.
     """
-    from preprocess.text.words import split_words
+    from pmi_jax.preprocess.text.words import split_words
 
     problems = []
     lengths = collections.Counter(len(ngram) for ngram in ngrams)

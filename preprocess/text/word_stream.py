@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.text.ordered_map import ordered_map
-from preprocess.text.progress import progress_bar
-from preprocess.text.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
+from pmi_jax.preprocess.text.ordered_map import ordered_map
+from pmi_jax.preprocess.text.progress import progress_bar
+from pmi_jax.preprocess.text.word_keys import SHORT_WORD, WordKeyCollision, same_bytes, word_keys
 
 SEPARATOR = 0  # id written after every document; never a word
 
@@ -50,7 +50,7 @@ def _batch_word_ids(documents: list[str], tokenizer=None):
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
     import tensorflow as tf
 
-    from preprocess.text.words import split_words_spans
+    from pmi_jax.preprocess.text.words import split_words_spans
 
     spans = split_words_spans(documents) if tokenizer is None else tokenizer.word_spans(documents)
     keys = word_keys(spans.buffer, spans.starts, spans.lengths)
@@ -73,7 +73,7 @@ def tokenise_corpus(files: Sequence[str], work_dir: str, max_n: int, workers: in
                     batch_chars: int = 1_000_000, text_field: str = "text", tokenizer=None) -> CorpusStream:
     """Split every document of `files` into words and write the id stream to `work_dir`.
 
-    Words are split by `split_words_spans` (or by `tokenizer`, a preprocess.text.hf_tokenizer.HFTokenizer)
+    Words are split by `split_words_spans` (or by `tokenizer`, a pmi_jax.preprocess.text.hf_tokenizer.HFTokenizer)
     and named by `word_keys`; should two different long words ever share a key, the corpus is read
     again with words as strings throughout.
     """
@@ -122,7 +122,7 @@ class _StreamWriter:
 
 def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_chars, text_field="text",
                              tokenizer=None) -> CorpusStream:
-    from preprocess.text.documents import iter_document_batches
+    from pmi_jax.preprocess.text.documents import iter_document_batches
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[int, int] = {}  # word key -> id
@@ -153,8 +153,8 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
     import tensorflow as tf
 
-    from preprocess.text.documents import iter_document_batches
-    from preprocess.text.words import split_words_flat
+    from pmi_jax.preprocess.text.documents import iter_document_batches
+    from pmi_jax.preprocess.text.words import split_words_flat
 
     def run(batch: list[str]):
         words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
@@ -178,7 +178,7 @@ def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch
 
 def count_words(files: Sequence[str], workers: int, text_field: str = "text", progress: bool = False,
                 batch_chars: int = 1_000_000) -> dict[str, int]:
-    """{word: count} over the corpus, words as `preprocess.text.words` splits them, on `workers` threads.
+    """{word: count} over the corpus, words as `pmi_jax.preprocess.text.words` splits them, on `workers` threads.
 
     The vocabulary build's reader without its id stream: memory grows with the distinct words,
     not with the corpus. Equal to `preprocess.wordpiece.count_words` over the same documents

@@ -21,9 +21,9 @@ import numpy as np
 
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
-from preprocess.text import documents
-from preprocess.vocab import measures
-from preprocess.vocab import vocab_selection
+from pmi_jax.preprocess.text import documents
+from pmi_jax.preprocess.vocab import measures
+from pmi_jax.preprocess.vocab import vocab_selection
 
 _SCORE_BLOCK = 1 << 20  # candidates scored at once: bounds the span-count arrays in memory
 # Scores are rounded before ranking so that mathematically equal scores, which float arithmetic
@@ -84,15 +84,15 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     Returns the statistics written to stats.json. Bad options, missing or empty input and an
     existing `output` (without `overwrite`) raise UserInputError before anything is written.
     `memory_budget_bytes` and `chunk_positions` exist for tests (force spilling, many chunks).
-    Run it inside `preprocess.vocab.malloc_thresholds.large_array_malloc()` for full speed (the
+    Run it inside `pmi_jax.preprocess.vocab.malloc_thresholds.large_array_malloc()` for full speed (the
     command does).
     """
     from pmi_jax import storage
-    from preprocess.vocab.coverage import covered_fraction
-    from preprocess.text import hf_tokenizer
-    from preprocess.text.documents import check_output_apart, expand_inputs, tally_replacements
-    from preprocess.vocab.ngram_counts import count_ngrams
-    from preprocess.text.word_stream import tokenise_corpus
+    from pmi_jax.preprocess.vocab.coverage import covered_fraction
+    from pmi_jax.preprocess.text import hf_tokenizer
+    from pmi_jax.preprocess.text.documents import check_output_apart, expand_inputs, tally_replacements
+    from pmi_jax.preprocess.vocab.ngram_counts import count_ngrams
+    from pmi_jax.preprocess.text.word_stream import tokenise_corpus
 
     started = time.time()
     options = options.validated()
@@ -135,7 +135,7 @@ def _write_sample(files: Sequence[str], options: VocabOptions, work_dir: str) ->
     """--sample-words: the sampled documents, in corpus order, as JSON lines in the scratch directory."""
     import json
 
-    from preprocess.text import sample
+    from pmi_jax.preprocess.text import sample
 
     path = os.path.join(work_dir, "sample.jsonl")
     with open(path, "w", encoding="utf-8") as f:
@@ -191,7 +191,7 @@ def tsv_rows_text(table, words_CxN: np.ndarray, n: int, counts: np.ndarray, scor
     row adds more. Here the digits of all rows are computed at once (`_score_chars`), laid out in a character matrix, one row's
     "\t{n}\t{count}\t{score}" after another, and joined to the n-gram texts by `join_pieces_as_lines`.
     """
-    from preprocess.vocab.byte_pieces import join_pieces_as_lines
+    from pmi_jax.preprocess.vocab.byte_pieces import join_pieces_as_lines
 
     buffer, starts, lengths = table.text_spans(words_CxN)
     count_chars, count_digits = _decimal_chars(np.asarray(counts, np.int64))

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocess.vocab.ngram_counts import NgramCounts, Positions, frequent_words
-from preprocess.text.ordered_map import ordered_map
-from preprocess.text.progress import progress_bar
-from preprocess.vocab.sorted_keys import lookup
-from preprocess.text.word_stream import CorpusStream
+from pmi_jax.preprocess.vocab.ngram_counts import NgramCounts, Positions, frequent_words
+from pmi_jax.preprocess.text.ordered_map import ordered_map
+from pmi_jax.preprocess.text.progress import progress_bar
+from pmi_jax.preprocess.vocab.sorted_keys import lookup
+from pmi_jax.preprocess.text.word_stream import CorpusStream
 
 _MAX_REACH = 8  # a match reaches at most this far past the chunk it starts in (n <= 5)
 

@@ -19,12 +19,12 @@ from typing import Callable
 
 import numpy as np
 
-from preprocess.vocab.byte_pieces import join_pieces
-from preprocess.text.ordered_map import ordered_map
-from preprocess.vocab.partitioned_counts import PartitionedCounts, split_partitions
-from preprocess.text.progress import progress_bar
-from preprocess.vocab.sorted_keys import lookup
-from preprocess.text.word_stream import SEPARATOR, CorpusStream
+from pmi_jax.preprocess.vocab.byte_pieces import join_pieces
+from pmi_jax.preprocess.text.ordered_map import ordered_map
+from pmi_jax.preprocess.vocab.partitioned_counts import PartitionedCounts, split_partitions
+from pmi_jax.preprocess.text.progress import progress_bar
+from pmi_jax.preprocess.vocab.sorted_keys import lookup
+from pmi_jax.preprocess.text.word_stream import SEPARATOR, CorpusStream
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from preprocess.text.ordered_map import ordered_map
-from preprocess.text.mix64 import GOLDEN, mix64
-from preprocess.vocab.sorted_keys import sum_by_key
+from pmi_jax.preprocess.text.ordered_map import ordered_map
+from pmi_jax.preprocess.text.mix64 import GOLDEN, mix64
+from pmi_jax.preprocess.vocab.sorted_keys import sum_by_key
 
 _PARTITION_BITS = 6
 NUM_PARTITIONS = 1 << _PARTITION_BITS  # hash partitions of the (key, count) pairs of one level

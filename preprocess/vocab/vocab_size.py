@@ -15,7 +15,7 @@ from typing import Sequence
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import masking_vocab
 from pmi_jax.storage import atomic_file, gfile
-from preprocess.vocab import vocab_selection
+from pmi_jax.preprocess.vocab import vocab_selection
 
 PAPER_STEP = 50_000  # Appendix A: "we increased a list size M in steps of 50K"
 ORDERS = ("shares", "score")
@@ -46,7 +46,7 @@ def read_labels(path: str) -> dict[str, bool]:
     not a 2..5-word n-gram with a 0/1 label, and an n-gram labelled twice, is an error naming
     its line.
     """
-    from preprocess.text.words import split_words
+    from pmi_jax.preprocess.text.words import split_words
 
     if not gfile.exists(path):
         raise UserInputError(f"--labels {path}: no such file")
