@@ -88,10 +88,10 @@ def setup_venv() -> None:
     # libtpu in a folder of its own: the compile-only tests put it on their subprocesses' path, while
     # every other process stays CPU-only (with libtpu importable, JAX probes for a TPU at start-up).
     run(*pip, "--no-deps", "--upgrade", "--target", str(VENV / "libtpu"), "-c", "constraints.txt", "libtpu")
-    # JAX's CUDA plugin likewise, for the GPU compile-only tests: no GPU and no NVIDIA library needed
-    # (XLA:GPU builds the very same program without them; docs/gpu.md, "Compile-only").
+    # JAX's CUDA plugin likewise, for the GPU compile-only tests: no GPU needed, and of NVIDIA's
+    # libraries only cuDNN, whose version JAX checks before it emits cuDNN attention (docs/gpu.md, "Compile-only").
     run(*pip, "--no-deps", "--upgrade", "--target", str(VENV / "cuda12"), "-c", "constraints.txt",
-        "jax-cuda12-plugin", "jax-cuda12-pjrt")
+        "jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cudnn-cu12")
     STAMP.write_text(fingerprint)
 
 

@@ -256,8 +256,15 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     mesh = partitioning.make_mesh(config.mesh, devices)
     train.validate(config, mesh)
     with partitioning.activate(mesh, config.mesh):
-        program = train.build_program(config, mesh)
-        state = program.restore_target()
+        try:
+            program = train.build_program(config, mesh)
+            state = program.restore_target()
+        except RuntimeError as e:  # JAX reads cuDNN's version before it emits cuDNN attention
+            if "cuDNN" not in str(e):
+                raise
+            raise UserInputError(f"--topology {topology_name}: cuDNN attention needs NVIDIA's cuDNN library beside JAX's "
+                                 "CUDA plugin, not a GPU: pip install -c constraints.txt nvidia-cudnn-cu12 (python3 "
+                                 "dev.py puts it in .venv/cuda12), or --set model.attention=xla") from e
         batch_sharding = partitioning.batch_sharding(mesh)
         shape = (config.train.batch_size, config.data.seq_len)
         batch = {k: jax.ShapeDtypeStruct(shape, np.float32 if k == "weights" else np.int32, sharding=batch_sharding)
