@@ -136,7 +136,7 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
     import os
     import shutil
 
-    from pmi_jax import train
+    from pmi_jax import batches, train
     from pmi_jax.config import apply_overrides, load_config
     from pmi_jax.formats import run_dir
 
@@ -145,7 +145,7 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
         "model.max_position_embeddings=32", "data.seq_len=32", "train.batch_size=4", "train.log_every_steps=1",
         "train.num_steps=4", "checkpoint.every_steps=2", "mesh.data=1", "mesh.model=1",
         "model.attention=pallas", "model.attention_dropout_rate=0.1"])
-    source = train.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
+    source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
 
     def losses(workdir):
         records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))

@@ -310,7 +310,7 @@ def _flip_bytes(path: pathlib.Path, offset: int = 20) -> None:
 
 def test_bytes_changed_inside_a_shard_are_named_and_rewritten(corpus, vocab_dir, data_dir, tmp_path, capsys,
                                                               caplog):
-    from pmi_jax.train import TaskBatches
+    from pmi_jax.batches import TaskBatches
 
     metadata = json.loads((data_dir / "metadata.json").read_text())
     assert all(len(stats["sha256"]) == 64 for stats in metadata["shards"].values())

@@ -80,7 +80,7 @@ def test_sampled_vocabulary_is_the_same_on_beam_and_refers_to_the_sample(tmp_pat
 
 
 def test_a_negative_sample_is_refused(tmp_path, capsys):
-    assert main(["vocab", "build", "--input", str(tmp_path), "--output", str(tmp_path / "v"),
+    assert main(["vocab", "build", "--input", str(tmp_path / "corpus"), "--output", str(tmp_path / "v"),
                  "--sample-words", "-1"]) == 2
     assert "--sample-words -1" in capsys.readouterr().err
     with pytest.raises(UserInputError, match="--sample-words -5"):

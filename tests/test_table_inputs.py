@@ -26,7 +26,8 @@ from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
 from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents
 from pmi_jax.preprocess.text.documents import expand_inputs, read_documents
 
-ROWS = ["first document here", None, "", "  ", "second one", "third, with punctuation!"]
+# Empty and blank rows are skipped; a null row is refused (tests/test_preprocess_faults.py).
+ROWS = ["first document here", "", "  ", "second one", "third, with punctuation!"]
 
 
 def write_saved_dataset(directory: pathlib.Path, table: pa.Table, files: int = 2) -> None:
