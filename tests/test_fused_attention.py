@@ -148,14 +148,14 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
     source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
 
     def losses(workdir):
-        records = run_dir.read_metrics(os.path.join(workdir, train.TENSORBOARD_DIR))
+        records = run_dir.read_metrics(os.path.join(workdir, run_dir.TENSORBOARD_DIR))
         return {s: r["loss"] for s, r in sorted(records.items()) if "loss" in r}
 
     whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
     assert train.train(config, whole, source, devices=jax.devices()[:1]).step == 4
     shutil.copytree(whole, resumed)
     shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
-    os.remove(os.path.join(resumed, train.TENSORBOARD_DIR, run_dir.METRICS_FILE))
+    os.remove(os.path.join(resumed, run_dir.TENSORBOARD_DIR, run_dir.METRICS_FILE))
     assert train.train(config, resumed, source, devices=jax.devices()[:1]).step == 4
     assert losses(resumed) == {s: loss for s, loss in losses(whole).items() if s > 2}
     assert len(losses(resumed)) == 2
