@@ -152,6 +152,14 @@ def _pack(rows, seq_len: int, unit_names):
     return sequences
 
 
+def unit_fate(shown: np.ndarray, original: np.ndarray) -> str:
+    """The 80/10/10 fate of one selected unit from what the model sees: "mask" (all [MASK]),
+    "keep" (all original; a randomised unit whose draws equal the originals counts here) or "random"."""
+    if (shown == MASK).all():
+        return "mask"
+    return "keep" if (shown == original).all() else "random"
+
+
 def write_prepared_corpus(
     data_dir: str,
     *,

@@ -59,6 +59,15 @@ def test_unknown_slices_are_user_errors(name):
         compile_only.slice_topology(name)
 
 
+def _last_json(script: str, overrides: list[str], env: dict):
+    """Run a compile script in its own process (its own plugin on the path) and return the JSON of
+    its last stdout line."""
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(overrides)], env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _config(*overrides):
     from pmi_jax.config import load_config
     from pmi_jax.config import apply_overrides
@@ -87,10 +96,7 @@ def test_tiny_compiles_for_a_v4_slice_with_one_device_per_chip():
     from pmi_jax.model import BertForMaskedLM
 
     overrides = TINY + ["model.scan_layers=true", "model.remat=dots_saveable"]
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_V4, json.dumps(overrides)], env=_libtpu_env(),
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _last_json(_COMPILE_V4, overrides, _libtpu_env())
     config = _config("model.scan_layers=true", "model.remat=dots_saveable")
     assert (report["topology"], report["num_devices"], report["num_hosts"]) == ("v4:2x2x4", 16, 4)
     assert report["mesh"] == {"data": 16, "fsdp": 1, "model": 1}
@@ -157,10 +163,7 @@ def test_a_tpu_program_gets_the_plain_kernels_by_default():
     """xla_cpu_variants=cpu (the default) compiles, for a TPU slice on this CPU machine, the very
     program that `never` compiles, and not the one `always` does: the trainer settles the
     setting by the platform it compiles for, not by the machine it runs on."""
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_VARIANTS, json.dumps(TINY)], env=_libtpu_env(),
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    programs = json.loads(proc.stdout.strip().splitlines()[-1])
+    programs = _last_json(_COMPILE_VARIANTS, TINY, _libtpu_env())
     assert programs["cpu"] == programs["never"] != programs["always"]
 
 
@@ -185,10 +188,7 @@ def test_tiny_compiles_for_an_h100_and_its_kernels_are_named():
     from pmi_jax import flops
 
     overrides = TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"]
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_GPU, json.dumps(overrides)], env=_cuda_env(),
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _last_json(_COMPILE_GPU, overrides, _cuda_env())
     config = _config("model.attention_dropout_rate=0", "model.dtype=bfloat16")
     assert report["topology"] == "h100 (NVIDIA H100 80GB HBM3)" and report["num_devices"] == 1
     assert report["hbm_bytes"] == 84978434048 and report["fits"] and report["bandwidth"] == 3.35232e12
