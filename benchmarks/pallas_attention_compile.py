@@ -1,15 +1,14 @@
 """`pmi_jax.fused_attention` compiled for a GPU without one: does it lower, and what does it hold?
 
 Compiles one layer's attention, forward and backward (value_and_grad of sum(out * g)), at BERT's
-shapes for the GPU a `GpuTargetConfig` text proto describes, through a compile-only device of
-`jax.experimental.topologies` (no GPU needed; JAX's CUDA plugin must be importable). Prints and
+shapes for one GPU of `--gpu` (h100, h200: `pmi_jax.compile_only.gpu_devices`, the packaged
+descriptions; no GPU needed, JAX's CUDA plugin must be importable). Prints and
 writes OUTPUT/pallas_attention_compile.json: per form, compile seconds, the Triton calls in the
 optimized HLO, the temporaries. `--step-attention pallas auto` adds the trainer's BERT-base step
 (the paper's setting, batch 32 x 512, bf16) with each `model.attention`. Run on a CPU-only machine as
 
-    JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 CUDA_VISIBLE_DEVICES=-1 \\
-        PYTHONPATH=$PWD:/path/to/cuda12-plugin python benchmarks/pallas_attention_compile.py \\
-        --target-config h100_sxm.txtpb --output DIR
+    JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
+        --gpu h100 --output DIR
 
 Figures: benchmarks/README.md, "Pallas attention".
 """
@@ -23,16 +22,15 @@ import time
 SHAPES = {"base": (32, 512, 12, 64), "large": (32, 512, 16, 64)}
 
 
-def compile_forms(target_config: str) -> list[dict]:
+def compile_forms(gpu: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from pmi_jax import fused_attention
+    from pmi_jax import compile_only, fused_attention
 
-    devices = topologies.get_topology_desc(platform="cuda", target_config=target_config, topology="1x1x1").devices
+    devices = compile_only.gpu_devices(gpu)
     mesh = Mesh(np.array(devices), ("d",))
     replicated = NamedSharding(mesh, PartitionSpec())
     records = []
@@ -63,48 +61,36 @@ def compile_forms(target_config: str) -> list[dict]:
     return records
 
 
-def compile_step(target_config: str, attention: str) -> dict:
-    """The trainer's BERT-base step for one device of the target, as `gpu_step.py` builds it."""
+def compile_step(gpu: str, attention: str) -> dict:
+    """The trainer's BERT-base step for one GPU (`pmi_jax.compile_only.compile_train_step`, the
+    program `train --compile-only --topology GPU` reports), with each `model.attention`."""
     import jax
-    from jax.experimental import topologies
 
-    from pmi_jax import partitioning, train
-    from pmi_jax.batches import SyntheticBatches
+    from pmi_jax import compile_only
     from pmi_jax.config import apply_overrides, load_config
 
-    devices = topologies.get_topology_desc(platform="cuda", target_config=target_config, topology="1x1x1").devices
     config = apply_overrides(load_config("base"), [
         "model.vocab_size=30522", "data.seq_len=512", "train.batch_size=32", "model.dtype=bfloat16", "mesh.data=-1",
         "mesh.fsdp=1", "mesh.model=1", f"model.attention={attention}"])
-    mesh = partitioning.make_mesh(config.mesh, devices)
-    with partitioning.activate(mesh, config.mesh), jax.set_mesh(mesh):
-        program = train.build_program(config, mesh)
-        host = SyntheticBatches(config.model.vocab_size, 512, 32).global_batch(0)
-        batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=partitioning.batch_sharding(mesh, v.ndim))
-                 for k, v in host.items()}
-        start = time.perf_counter()
-        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), program.abstract,
-                             program.shardings)
-        compiled = program.step.lower(state, batch).compile()
-        seconds = time.perf_counter() - start
-    hlo, memory = compiled.as_text(), compiled.memory_analysis()
-    record = {"size": "base", "step": True, "attention": attention, "device": devices[0].device_kind,
+    start = time.perf_counter()
+    report, compiled = compile_only.compile_train_step(config, gpu)
+    seconds = time.perf_counter() - start
+    hlo = compiled.as_text()
+    record = {"size": "base", "step": True, "attention": attention, "device": report.topology,
               "compile_s": round(seconds, 1), "triton_calls": hlo.count('"__gpu$xla.gpu.triton"'),
               "cudnn_fmha_calls": hlo.count('custom_call_target="__cudnn$fmha'),
-              "temp_gib": round(memory.temp_size_in_bytes / 2**30, 2) if memory else None, "jax": jax.__version__}
+              "temp_gib": round(report.temp_bytes / 2**30, 2), "jax": jax.__version__}
     print(json.dumps(record), flush=True)
     return record
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-config", required=True, help="a GpuTargetConfig text proto (XLA's GPU specs)")
+    parser.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="the GPU to compile for")
     parser.add_argument("--output", required=True, help="directory for pallas_attention_compile.json")
     parser.add_argument("--step-attention", nargs="*", default=[], help="model.attention values for the whole step")
     args = parser.parse_args(argv)
-    with open(args.target_config, encoding="utf-8") as f:
-        target = f.read()
-    records = compile_forms(target) + [compile_step(target, a) for a in args.step_attention]
+    records = compile_forms(args.gpu) + [compile_step(args.gpu, a) for a in args.step_attention]
     os.makedirs(args.output, exist_ok=True)
     path = os.path.join(args.output, "pallas_attention_compile.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
