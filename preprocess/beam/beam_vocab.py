@@ -3,15 +3,14 @@
     pmi-jax vocab build --input gs://B/corpora/owt --output gs://B/vocab/pmi --runner DataflowRunner ...
 
 Same input and options, same masking_vocab.txt/.tsv bytes as the local build (docs/design.md,
-"Words and n-grams" to "Masking vocabulary"). Stages: words, counts (the local Apriori rule,
-level by level, the sub-gram test as a join), selection (one worker, the local `NgramCounts`
-and build_vocab code, fed compact word-id arrays), coverage, output; with --sample-words, a
-seeded document sample first. Each stage's local code and the full
+"Words and n-grams" to "Masking vocabulary"). Stages: words, counts level by level (each batch
+counted by the local build's array code, given the frequent shorter n-grams as a side input,
+its partial counts summed per hash partition), selection (one worker, the local `NgramCounts`
+and build_vocab code), coverage, output; with --sample-words, a seeded document sample first. Each stage's local code and the full
 command: docs/design.md, "Module notes", beam_vocab.py.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
@@ -24,27 +23,34 @@ import numpy as np
 from pmi_jax.errors import UserInputError
 from pmi_jax.preprocess.beam import beam_options, beam_pipeline
 
-Gram = tuple  # tuple[bytes, ...]: the words of an n-gram, as pmi_jax.preprocess.text.words yields them
-
-
 # ---------------------------------------------------------------------------------------------
-# Counting
+# Counting: the local build's array code (word_stream, ngram_counts) on one batch at a time
+
+# A batch's words: (its distinct words as UTF-8 bytes, index of each word into them, words per document).
+BatchWords = tuple
 
 
-def document_words(batch: Sequence[str], tokenizer: str | None = None, cased: bool = False) -> list[tuple[bytes, ...]]:
-    """The words of each document of a batch (one tokeniser call for the whole batch), split as
-    `vocab build --tokenizer` says (pmi_jax.preprocess.text.hf_tokenizer; loaded once per worker process)."""
-    from pmi_jax.preprocess.text import hf_tokenizer
-    from pmi_jax.preprocess.text.words import split_words_flat
+def document_words(batch: Sequence[str], tokenizer: str | None = None, cased: bool = False) -> BatchWords:
+    """The words of a batch as the local build reads them (`word_stream.batch_word_ids`, split as
+    `vocab build --tokenizer` says; the exact string path where two words' keys collide)."""
+    from pmi_jax.preprocess.text import hf_tokenizer, word_stream
+    from pmi_jax.preprocess.text.word_keys import WordKeyCollision
 
     chosen = hf_tokenizer.select(tokenizer, cased)
-    flat, splits = split_words_flat(batch) if chosen is None else chosen.words_flat(batch)
-    return [tuple(flat[splits[i]:splits[i + 1]]) for i in range(len(batch))]
+    try:
+        _, inverse, lengths, (buffer, starts, sizes) = word_stream.batch_word_ids(list(batch), chosen)
+        data = buffer.data
+        words = [bytes(data[s:s + n]) for s, n in zip(starts.tolist(), sizes.tolist())]
+    except WordKeyCollision:
+        unique, inverse, lengths = word_stream.batch_words_by_strings(list(batch), chosen)
+        words = list(unique)
+    return words, np.asarray(inverse, np.int32), np.asarray(lengths, np.int64)
 
 
-def batch_totals(batch: Sequence[Gram], max_n: int) -> list[int]:
+def batch_totals(batch: BatchWords, max_n: int) -> list[int]:
     """[documents, N_1, ..., N_max_n] of a batch: N_k counts the k-gram positions inside documents."""
-    return [len(batch)] + [sum(max(0, len(words) - k + 1) for words in batch) for k in range(1, max_n + 1)]
+    lengths = batch[2]
+    return [len(lengths)] + [int(np.maximum(lengths - k + 1, 0).sum()) for k in range(1, max_n + 1)]
 
 
 def add_vectors(vectors: Iterable[list[int]], size: int) -> list[int]:
@@ -54,48 +60,137 @@ def add_vectors(vectors: Iterable[list[int]], size: int) -> list[int]:
     return total
 
 
-def word_counts(batch: Sequence[Gram]) -> Iterator[tuple[bytes, int]]:
-    yield from collections.Counter(w for words in batch for w in words).items()
+def word_counts(batch: BatchWords) -> Iterator[tuple[bytes, int]]:
+    words, inverse, _ = batch
+    yield from zip(words, np.bincount(inverse, minlength=len(words)).tolist())
 
 
-def ngram_counts(batch: Sequence[Gram], n: int, frequent_words) -> Iterator[tuple[Gram, int]]:
-    """Counts, within one batch, of the n-grams made of frequent words only (a superset of the
-    n-grams whose two sub-grams are frequent; the joins below keep exactly those)."""
-    counts: collections.Counter = collections.Counter()
-    for words in batch:
-        frequent = [w in frequent_words for w in words]
-        run = 0  # frequent words ending at position i
-        for i, ok in enumerate(frequent):
-            run = run + 1 if ok else 0
-            if run >= n:
-                counts[words[i - n + 1:i + 1]] += 1
-    yield from counts.items()
+def is_frequent(word_count: tuple, min_count: int) -> bool:
+    return word_count[1] >= min_count
 
 
-def key_by_part(gram_count: tuple[Gram, int], part: slice) -> tuple[Gram, tuple[Gram, int]]:
-    return gram_count[0][part], gram_count
+def word_index(word_counts: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], np.ndarray, dict[bytes, int]]:
+    """The frequent words in byte order, their counts, and each word's position (its id).
+
+    The local build numbers words by first appearance; nothing in the output depends on the
+    numbering."""
+    ordered = sorted(word_counts)
+    words = [w for w, _ in ordered]
+    return words, np.array([c for _, c in ordered], np.int64), {w: i for i, w in enumerate(words)}
 
 
-def mark_frequent(gram_count: tuple[Gram, int]) -> tuple[Gram, bool]:
-    return gram_count[0], True
+def counts_table(vocabulary, levels: Iterable[tuple[int, np.ndarray, np.ndarray, int]], min_count: int,
+                 totals: Sequence[int] = (0, 0), distinct_words: int = 0):
+    """The local `NgramCounts` table from `word_index`'s vocabulary and the levels counted so far,
+    each (n, sorted keys, counts, distinct n-grams counted); keys as `NgramCounts` defines them."""
+    from pmi_jax.preprocess.vocab.ngram_counts import NgramCounts
+
+    word_list, counts, _ = vocabulary
+    table = NgramCounts(words=word_list, keys={}, counts={1: counts}, counted={1: distinct_words},
+                        num_positions=[0, *totals[1:]], documents=totals[0], num_words=totals[1],
+                        min_count=min_count, spilled=False)
+    for n, keys, level_counts, distinct in levels:
+        table.keys[n], table.counts[n], table.counted[n] = keys, level_counts, distinct
+    return table
 
 
-def keep_if_part_frequent(joined) -> Iterable[tuple[Gram, int]]:
-    _, groups = joined
-    return groups["grams"] if groups["frequent"] else []
+def batch_stream(batch: BatchWords, vocabulary, longest: int, table):
+    """One batch as the local build's in-memory word stream, numbered by the frequent words
+    (id 1 + index; infrequent words one id past them; SEPARATOR after each document), with the
+    per-position n-gram indices of lengths 2..longest filled in. Returns (stream, positions)."""
+    from pmi_jax.preprocess.text.word_stream import CorpusStream, with_separators
+    from pmi_jax.preprocess.vocab.ngram_counts import Positions, index_positions
+
+    words, inverse, lengths = batch
+    word_list, counts, index = vocabulary
+    infrequent = len(word_list)
+    local = np.fromiter((index.get(w, infrequent) for w in words), np.int32, len(words)) + 1
+    ids = with_separators(np.take(local, inverse), lengths)
+    stream_counts = np.zeros([len(word_list) + 2], np.int64)
+    stream_counts[1:-1] = counts
+    stream = CorpusStream(path="", length=len(ids), words=[], word_counts=stream_counts, documents=len(lengths),
+                          num_words=len(inverse), num_positions=[], in_memory=ids)
+    word_ids = np.arange(-1, len(word_list) + 1, dtype=np.int32)  # stream id -> frequent-word index
+    word_ids[-1] = -1
+    positions = Positions(stream, word_ids)
+    index_positions(stream, positions, table, longest)
+    return stream, positions
 
 
-def is_frequent(gram_count: tuple, min_count: int) -> bool:
-    return gram_count[1] >= min_count
+def level_counts(batch: BatchWords, n: int, vocabulary, min_count: int, *shorter) -> Iterator[tuple[int, tuple]]:
+    """Partial counts of one batch's n-grams whose two (n-1)-sub-grams are frequent (the local
+    `LevelPass`, given the frequent shorter n-grams `shorter`), as sorted (keys, counts) arrays,
+    one pair per hash partition of the local counter: the key a combine sums them by."""
+    from pmi_jax.preprocess.vocab.ngram_counts import LevelPass
+
+    if len(batch[1]) == 0:
+        return
+    table = counts_table(vocabulary, shorter, min_count)
+    stream, positions = batch_stream(batch, vocabulary, n - 2, table)
+    parts, _ = LevelPass(n, positions, table, store=lambda values, start: None, chunk=stream.length)(0)
+    for partition, (keys, counts) in enumerate(parts):
+        if len(keys):
+            yield partition, (keys, counts)
 
 
-def keep_where_frequent(grams, frequent_shorter, part: slice, label: str):
-    """The (gram, count) pairs of `grams` whose sub-gram `part` is among `frequent_shorter`."""
-    keyed = grams | f"{label}Key" >> beam.Map(key_by_part, part)
-    marks = frequent_shorter | f"{label}Mark" >> beam.Map(mark_frequent)
-    return ({"grams": keyed, "frequent": marks}
-            | f"{label}Join" >> beam.CoGroupByKey()
-            | f"{label}Keep" >> beam.FlatMap(keep_if_part_frequent))
+class SumCounts(beam.CombineFn):
+    """(keys, counts) arrays of one partition -> (its keys counted >= min_count, their counts,
+    the number of distinct keys): `PartitionedCounts` reduction, as a combine."""
+
+    _COMPACT_EVERY = 16  # parts held before they are summed into one
+
+    def __init__(self, min_count: int):
+        self._min_count = min_count
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, part):
+        accumulator.append(part)
+        return accumulator if len(accumulator) < self._COMPACT_EVERY else [self._sum(accumulator)]
+
+    def merge_accumulators(self, accumulators):
+        parts = [part for accumulator in accumulators for part in accumulator]
+        return [self._sum(parts)] if parts else []
+
+    @staticmethod
+    def _sum(parts):
+        from pmi_jax.preprocess.vocab.sorted_keys import sum_by_key
+
+        return sum_by_key(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+    def extract_output(self, accumulator):
+        if not accumulator:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+        keys, counts = self._sum(accumulator)
+        keep = counts >= self._min_count
+        return keys[keep], counts[keep], len(keys)
+
+
+class ConcatenateLevel(beam.CombineFn):
+    """The partitions' (keys, counts, distinct) -> (n, sorted keys, counts, distinct): one length's
+    frequent n-grams, 16 bytes each, as the local table holds them."""
+
+    def __init__(self, n: int):
+        self._n = n
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, part):
+        accumulator.append(part)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return [part for accumulator in accumulators for part in accumulator]
+
+    def extract_output(self, accumulator):
+        if not accumulator:
+            return self._n, np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+        keys = np.concatenate([p[0] for p in accumulator])
+        counts = np.concatenate([p[1] for p in accumulator])
+        order = np.argsort(keys)
+        return self._n, keys[order], counts[order], sum(p[2] for p in accumulator)
 
 
 def tag(value, n: int):
@@ -147,90 +242,16 @@ class SampleCut(beam.CombineFn):
 
 
 # ---------------------------------------------------------------------------------------------
-# Selection: the local code, on a table assembled from the counts
+# Selection: the local code, on the table the levels make
 
 
-def word_index(word_counts: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], np.ndarray, dict[bytes, int]]:
-    """The frequent words in byte order, their counts, and each word's position (its id).
-
-    The local build numbers words by first appearance; nothing in the output depends on the
-    numbering."""
-    ordered = sorted(word_counts)
-    words = [w for w, _ in ordered]
-    return words, np.array([c for _, c in ordered], np.int64), {w: i for i, w in enumerate(words)}
-
-
-def gram_ids(batch: Sequence[tuple[Gram, int]], words) -> tuple[np.ndarray, np.ndarray]:
-    """A batch of (frequent n-gram, count) -> (word ids int32 [B, n], counts int64 [B]): from here
-    on an n-gram costs 4n + 8 bytes, not a tuple of bytes objects."""
-    index = words[2]
-    n = len(batch[0][0])
-    ids = np.fromiter((index[w] for gram, _ in batch for w in gram), np.int32, len(batch) * n).reshape(-1, n)
-    return ids, np.fromiter((c for _, c in batch), np.int64, len(batch))
-
-
-class ConcatenateLevel(beam.CombineFn):
-    """(ids [B, n], counts [B]) batches -> one pair of arrays: every frequent n-gram of one length."""
-
-    def __init__(self, n: int):
-        self._n = n
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, accumulator, batch):
-        accumulator.append(batch)
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        return [self._join(sum(accumulators, []))]
-
-    def _join(self, parts):
-        if not parts:
-            return np.zeros((0, self._n), np.int32), np.zeros(0, np.int64)
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-    def extract_output(self, accumulator):
-        return self._n, *self._join(accumulator)
-
-
-def counts_table(words, levels: Sequence[tuple[int, np.ndarray, np.ndarray]], counted: dict[int, int],
-                 totals: Sequence[int], min_count: int, max_n: int):
-    """The frequent n-grams of every length as the local `NgramCounts` table.
-
-    `words` is `word_index`'s; `levels` holds (n, word ids [M, n], counts [M]) per length >= 2.
-    n-gram keys follow `NgramCounts`: index of the (n-1)-prefix among the frequent (n-1)-grams
-    * F + last word.
-    """
-    from pmi_jax.preprocess.vocab.ngram_counts import NgramCounts
-    from pmi_jax.preprocess.vocab.sorted_keys import lookup
-
-    word_list, word_counts, _ = words
-    num_frequent = max(len(word_list), 1)
-    table = NgramCounts(words=word_list, keys={}, counts={1: word_counts},
-                        counted=dict(counted), num_positions=[0, *totals[1:]], documents=totals[0],
-                        num_words=totals[1], min_count=min_count, spilled=False)
-    by_length = {n: (ids.astype(np.int64), counts) for n, ids, counts in levels}
-    for n in range(2, max_n + 1):
-        word_ids, counts = by_length[n]
-        prefix = word_ids[:, 0]
-        for m in range(2, n):  # index of the m-word prefix among the frequent m-grams
-            prefix = lookup(table.keys[m], prefix * num_frequent + word_ids[:, m - 1])
-        keys = prefix * num_frequent + word_ids[:, n - 1]
-        order = np.argsort(keys)
-        table.keys[n] = keys[order]
-        table.counts[n] = counts[order]
-    return table
-
-
-def select(_, options, files: Sequence[str], words, levels, counted, totals, distinct_words: int) -> dict:
+def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinct_words: int) -> dict:
     """Score, rank and cut with pmi_jax.preprocess.vocab.build_vocab; return what the later stages need."""
     from pmi_jax.preprocess.vocab import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
-    counted = {1: distinct_words, **dict(counted)}
-    table = counts_table(words, levels, counted, totals, options.min_count, options.max_n)
+    table = counts_table(vocabulary, levels, options.min_count, totals, distinct_words)
     # The local build's own selection and statistics, so that both paths rank and report alike.
     selection = build_vocab.select_ngrams(table, options)
     if not any(s.texts for s in selection.values()):
@@ -243,24 +264,17 @@ def select(_, options, files: Sequence[str], words, levels, counted, totals, dis
     if tokenizer is not None:
         build_vocab.check_tokenizer_words(table.words, options.tokenizer)
     stats = build_vocab.vocabulary_stats(files, table, selection, 0.0, options, 0.0, 0, tokenizer)
-    return {
-        "text": build_vocab.vocabulary_text(table, selection),
-        "grams": {n: {tuple(w.encode("utf-8") for w in t.split(" ")) for t in s.texts} for n, s in selection.items()},
-        "stats": stats,
-    }
+    return {"text": build_vocab.vocabulary_text(table, selection),
+            "index": {n: s.index for n, s in selection.items()}, "stats": stats}
 
 
-def covered_words(batch: Sequence[Gram], selected: dict) -> int:
-    """Words of the batch inside at least one occurrence of a selected n-gram."""
-    covered = 0
-    for words in batch:
-        inside = bytearray(len(words))
-        for n, grams in selected["grams"].items():
-            for i in range(len(words) - n + 1):
-                if words[i:i + n] in grams:
-                    inside[i:i + n] = b"\x01" * n
-        covered += sum(inside)
-    return covered
+def covered_words(batch: BatchWords, vocabulary, levels, selected: dict, min_count: int, max_n: int) -> int:
+    """Words of the batch inside at least one occurrence of a selected n-gram (the local coverage pass)."""
+    from pmi_jax.preprocess.vocab.coverage import covered_words as count_covered
+
+    table = counts_table(vocabulary, levels, min_count)
+    stream, _ = batch_stream(batch, vocabulary, max_n - 1, table)
+    return count_covered(stream, table, selected["index"], workers=1, chunk_positions=max(stream.length, 1))
 
 
 def write(selected: dict, output: str, started: float, covered: int, invalid_utf8_bytes: int) -> None:
@@ -296,35 +310,29 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
               | "SumTotals" >> beam.CombineGlobally(functools.partial(add_vectors, size=max_n + 1)))
     words = batches | "CountWords" >> beam.FlatMap(word_counts) | "SumWords" >> beam.CombinePerKey(sum)
     distinct_words = words | "DistinctWords" >> beam.combiners.Count.Globally()
-    frequent_words = words | "FrequentWords" >> beam.Filter(is_frequent, min_count)
-    word_side_input = beam.pvalue.AsDict(frequent_words)
-    frequent = {}
-    counted = []
+    vocabulary = beam.pvalue.AsSingleton(
+        words
+        | "FrequentWords" >> beam.Filter(is_frequent, min_count)
+        | "FrequentWordList" >> beam.combiners.ToList()
+        | "WordIndex" >> beam.Map(word_index))
+    # Level by level, as the local build: counting n-grams needs the frequent (n-1)-grams.
+    levels = []
     for n in range(2, max_n + 1):
-        grams = (batches
-                 | f"Count{n}" >> beam.FlatMap(ngram_counts, n, word_side_input)
-                 | f"Sum{n}" >> beam.CombinePerKey(sum))
-        if n >= 3:  # for n = 2 "both words frequent" is the sub-gram rule already
-            grams = keep_where_frequent(grams, frequent[n - 1], slice(0, n - 1), f"Prefix{n}")
-            grams = keep_where_frequent(grams, frequent[n - 1], slice(1, n), f"Suffix{n}")
-        counted.append(grams | f"Counted{n}" >> beam.combiners.Count.Globally() | f"TagCounted{n}" >> beam.Map(tag, n))
-        frequent[n] = grams | f"Frequent{n}" >> beam.Filter(is_frequent, min_count)
-    # Selection input in compact arrays: ids in the frequent words' byte order, one array pair per length.
-    words_index = frequent_words | "FrequentWordList" >> beam.combiners.ToList() | "WordIndex" >> beam.Map(word_index)
-    levels = [(frequent[n]
-               | f"Batch{n}" >> beam.BatchElements(min_batch_size=1_000, max_batch_size=100_000)
-               | f"Ids{n}" >> beam.Map(gram_ids, beam.pvalue.AsSingleton(words_index))
-               | f"Level{n}" >> beam.CombineGlobally(ConcatenateLevel(n))) for n in range(2, max_n + 1)]
-    all_levels = levels | "AllLevels" >> beam.Flatten()
+        levels.append(batches
+                      | f"Count{n}" >> beam.FlatMap(level_counts, n, vocabulary, min_count,
+                                                    *map(beam.pvalue.AsSingleton, levels))
+                      | f"Sum{n}" >> beam.CombinePerKey(SumCounts(min_count))
+                      | f"Partitions{n}" >> beam.Values()
+                      | f"Level{n}" >> beam.CombineGlobally(ConcatenateLevel(n)))
+    all_levels = beam.pvalue.AsList(levels | "AllLevels" >> beam.Flatten())
     selected = (pipeline
                 | "Start" >> beam.Create([None])
-                | "Select" >> beam.Map(select, options, list(files), words=beam.pvalue.AsSingleton(words_index),
-                                       levels=beam.pvalue.AsList(all_levels),
-                                       counted=beam.pvalue.AsList(counted | "AllCounted" >> beam.Flatten()),
+                | "Select" >> beam.Map(select, options, list(files), vocabulary=vocabulary, levels=all_levels,
                                        totals=beam.pvalue.AsSingleton(totals),
                                        distinct_words=beam.pvalue.AsSingleton(distinct_words)))
     covered = (batches
-               | "Coverage" >> beam.Map(covered_words, beam.pvalue.AsSingleton(selected))
+               | "Coverage" >> beam.Map(covered_words, vocabulary, all_levels, beam.pvalue.AsSingleton(selected),
+                                        min_count, max_n)
                | "SumCoverage" >> beam.CombineGlobally(sum))
     _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered),
                                        beam.pvalue.AsSingleton(invalid))

@@ -36,15 +36,18 @@ class CorpusStream:
     # Set by count_ngrams: n -> per-position index of the frequent n-gram starting there, int32 [length]
     # (-1 where none), in memory or mapped from a file in the work directory.
     ngram_ids: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    in_memory: np.ndarray | None = None  # the ids themselves, for a stream that is never written (one Beam batch)
 
     def ids(self) -> np.ndarray:
+        if self.in_memory is not None:
+            return self.in_memory
         if self.length == 0:
             return np.zeros([0], np.int32)
         return np.memmap(self.path, dtype=np.int32, mode="r", shape=(self.length,))
 
 
 
-def _batch_word_ids(documents: list[str], tokenizer=None):
+def batch_word_ids(documents: list[str], tokenizer=None):
     """Words of a batch: (keys of its distinct words in order of first appearance, index of each
     word into them, words per document, the bytes of each distinct word's first occurrence as
     (buffer, starts, lengths)). Raises WordKeyCollision where two different words share a key."""
@@ -104,7 +107,7 @@ class _StreamWriter:
             self.counts = grown
         self.counts[local_to_global] += np.bincount(inverse, minlength=len(local_to_global))
         if self.file is not None:
-            self.file.write(_with_separators(local_to_global[inverse], lengths).tobytes())
+            self.file.write(with_separators(local_to_global[inverse], lengths).tobytes())
         self.documents += len(lengths)
         self.length += len(inverse) + len(lengths)
         for k in range(1, self.max_n + 1):
@@ -128,7 +131,7 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
     vocab: dict[int, int] = {}  # word key -> id
     try:
         for unique, inverse, lengths, (buffer, starts, sizes) in ordered_map(
-                functools.partial(_batch_word_ids, tokenizer=tokenizer),
+                functools.partial(batch_word_ids, tokenizer=tokenizer),
                 iter_document_batches(files, batch_chars, text_field), workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(k, len(vocab) + 1) for k in unique.tolist()), np.int32,
@@ -148,24 +151,29 @@ def _tokenise_corpus_by_keys(files, work_dir, max_n, workers, progress, batch_ch
     return stream
 
 
+def batch_words_by_strings(batch: list[str], tokenizer=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Words of a batch as strings: (distinct words as bytes in order of first appearance, index of
+    each word into them, words per document). Exact, slower than `batch_word_ids`' keys."""
+    import tensorflow as tf
+
+    from pmi_jax.preprocess.text.words import split_words_flat
+
+    words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
+    unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
+    return unique.numpy(), inverse.numpy(), np.diff(row_splits)
+
+
 def _tokenise_corpus_by_strings(files, work_dir, max_n, workers, progress, batch_chars,
                                 text_field="text", tokenizer=None) -> CorpusStream:
     """tokenise_corpus with the words of each batch as strings, unique-d by TensorFlow: exact, slower."""
-    import tensorflow as tf
-
     from pmi_jax.preprocess.text.documents import iter_document_batches
-    from pmi_jax.preprocess.text.words import split_words_flat
-
-    def run(batch: list[str]):
-        words, row_splits = split_words_flat(batch) if tokenizer is None else tokenizer.words_flat(batch)
-        unique, inverse = tf.unique(words, out_idx=tf.int32)  # in order of first appearance
-        return unique.numpy(), inverse.numpy(), np.diff(row_splits)
 
     writer = _StreamWriter(os.path.join(work_dir, "ids.int32") if work_dir is not None else None, max_n, progress)
     vocab: dict[bytes, int] = {}
     try:
         batches = iter_document_batches(files, batch_chars, text_field)
-        for unique, inverse, lengths in ordered_map(run, batches, workers):
+        for unique, inverse, lengths in ordered_map(functools.partial(batch_words_by_strings, tokenizer=tokenizer),
+                                                    batches, workers):
             first_new = len(writer.words)
             local_to_global = np.fromiter((vocab.setdefault(w, len(vocab) + 1) for w in unique), np.int32,
                                           len(unique))
@@ -188,7 +196,7 @@ def count_words(files: Sequence[str], workers: int, text_field: str = "text", pr
     return {w.decode("utf-8"): c for w, c in zip(stream.words[1:], stream.word_counts[1:].tolist())}
 
 
-def _with_separators(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def with_separators(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Flat word ids of consecutive documents -> the same ids with SEPARATOR after each document."""
     out = np.full([len(ids) + len(lengths)], SEPARATOR, np.int32)
     doc_of_word = np.repeat(np.arange(len(lengths)), lengths)

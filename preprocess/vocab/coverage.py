@@ -18,14 +18,22 @@ _MAX_REACH = 8  # a match reaches at most this far past the chunk it starts in (
 
 def covered_fraction(stream: CorpusStream, table: NgramCounts, selected: dict[int, np.ndarray], workers: int,
                      chunk_positions: int = 1 << 20, progress: bool = False) -> float:
-    """Fraction of the corpus words that lie inside at least one occurrence of a selected n-gram.
+    """Fraction of the corpus words that lie inside at least one occurrence of a selected n-gram."""
+    if stream.num_words == 0:
+        return 0.0
+    return covered_words(stream, table, selected, workers, chunk_positions, progress) / stream.num_words
+
+
+def covered_words(stream: CorpusStream, table: NgramCounts, selected: dict[int, np.ndarray], workers: int,
+                  chunk_positions: int = 1 << 20, progress: bool = False) -> int:
+    """Number of the stream's words that lie inside at least one occurrence of a selected n-gram.
 
     `selected[n]` holds indices into `table.keys[n]`. Where the level passes stored per-position
     n-gram indices this is a table look-up per position; the longest length, which has no such
     file, is matched by key, only where its prefix starts a selected n-gram.
     """
     if stream.num_words == 0:
-        return 0.0
+        return 0
     positions = Positions(stream, frequent_words(stream, table.min_count)[1])
     # Boolean tables indexed by an n-gram index read at a position; one extra False entry at the
     # end is what the index -1 (no frequent n-gram there) reads.
@@ -73,4 +81,4 @@ def covered_fraction(stream: CorpusStream, table: NgramCounts, selected: dict[in
         carried = max(carried, reach) - size
         bar.update(size)
     bar.close()
-    return covered / stream.num_words
+    return covered

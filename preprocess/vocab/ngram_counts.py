@@ -139,7 +139,7 @@ class Positions:
         return out
 
 
-class _LevelPass:
+class LevelPass:
     """One pass over the stream that counts the k-grams (k >= 2) whose two (k-1)-sub-grams are frequent.
 
     For k >= 3 it first recomputes, per position, the index of the frequent (k-1)-gram starting
@@ -159,7 +159,7 @@ class _LevelPass:
         if k == 2:
             g_prev = g1[:m + 1]  # the (k-1)-gram index on [start, stop]
         else:
-            g_prev = _extend_positions(table, self.positions.read(k - 2, start, stop + 2), g1[k - 2:k - 1 + m], k - 1)
+            g_prev = extend_positions(table, self.positions.read(k - 2, start, stop + 2), g1[k - 2:k - 1 + m], k - 1)
             self.store(g_prev[:m], start)
         # Index arrays and np.take rather than boolean masks: about three times faster here.
         valid = np.flatnonzero((g_prev[:-1] >= 0) & (g_prev[1:] >= 0))
@@ -183,7 +183,7 @@ def _write_at(fd: int, values: np.ndarray, start: int) -> None:
         data, offset = data[written:], offset + written
 
 
-def _extend_positions(table: NgramCounts, g: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:
+def extend_positions(table: NgramCounts, g: np.ndarray, last: np.ndarray, n: int) -> np.ndarray:
     """Per position i: index of the frequent n-gram at i, from the (n-1)-gram indices g[i], g[i+1] and its last word."""
     out = np.full([len(last)], -1, np.int32)
     valid = np.flatnonzero((g[:-1] >= 0) & (g[1:] >= 0))  # then the n words there are frequent too
@@ -194,11 +194,19 @@ def _extend_positions(table: NgramCounts, g: np.ndarray, last: np.ndarray, n: in
     return out
 
 
+def index_positions(stream: CorpusStream, positions: Positions, table: NgramCounts, longest: int) -> None:
+    """stream.ngram_ids[n] for n = 2..longest, in memory, from a table that holds those lengths already:
+    what the level passes store, recomputed for a stream counted elsewhere (one Beam batch)."""
+    for n in range(2, longest + 1):
+        stream.ngram_ids[n] = extend_positions(table, positions.read(n - 1, 0, stream.length + 1),
+                                               positions.read(1, n - 1, stream.length + n - 1), n)
+
+
 def frequent_words(stream: CorpusStream, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     """Stream ids of the frequent words (ascending), and stream id -> frequent-word index (-1 if not frequent)."""
     frequent = np.flatnonzero(stream.word_counts >= min_count)
     frequent = frequent[frequent != SEPARATOR]
-    word_index = np.full([len(stream.words)], -1, np.int32)
+    word_index = np.full([len(stream.word_counts)], -1, np.int32)
     word_index[frequent] = np.arange(len(frequent), dtype=np.int32)
     return frequent, word_index
 
@@ -233,7 +241,7 @@ def count_ngrams(stream: CorpusStream, max_n: int, min_count: int, work_dir: str
             store = functools.partial(_write_at, out_fd)
         spill_dir = tempfile.mkdtemp(prefix=f"spill{k}-", dir=work_dir)
         accumulator = PartitionedCounts(spill_dir, memory_budget_bytes)
-        level = _LevelPass(k, Positions(stream, word_index), table, store, chunk_positions)
+        level = LevelPass(k, Positions(stream, word_index), table, store, chunk_positions)
         bar = progress_bar(f"counting {k}-grams", stream.length, " pos", progress)
         for parts, done in ordered_map(level, range(0, stream.length, chunk_positions), workers):
             accumulator.add(parts)
