@@ -1,6 +1,6 @@
-"""`vocab build --sample-words` (preprocess/text/sample.py): the sample is the documents of lowest
-priority reaching N words, found in one pass or by combining any parts; the local build and Beam
-build the same vocabulary from it."""
+"""`vocab build --sample-words` and `corpus prepare --wordpiece-sample-words` (preprocess/text/sample.py):
+the sample is the documents of lowest priority reaching N words, found in one pass or by combining
+any parts; the local runs and Beam build the same vocabularies from it."""
 from __future__ import annotations
 
 import itertools
@@ -77,6 +77,40 @@ def test_sampled_vocabulary_is_the_same_on_beam_and_refers_to_the_sample(tmp_pat
     beam = json.loads((tmp_path / "beam" / "stats.json").read_text())
     assert {k: v for k, v in beam.items() if k != "elapsed_seconds"} == \
         {k: v for k, v in local.items() if k != "elapsed_seconds"}
+
+
+def test_wordpiece_is_trained_on_the_same_sample_locally_and_on_beam(tmp_path):
+    """corpus prepare --wordpiece-sample-words: vocab.txt is what the learner makes of the sample's
+    word counts (not the whole corpus's), and Beam writes the same bytes."""
+    from pmi_jax.preprocess.corpus import prepare, wordpiece
+
+    docs = list(itertools.islice(iter_demo_documents(), 600))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(docs) + "\n")
+    config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "local"), wordpiece_size=800,
+                                   wordpiece_sample_words=20_000, wordpiece_sample_seed=2, seq_len=64,
+                                   validation_fraction=0.0, shards=2, progress=False)
+    local = prepare.prepare(config)
+    assert local["wordpiece"]["sample"] == {"words": 20_000, "seed": 2}
+    tokens = (tmp_path / "local" / "vocab.txt").read_text().splitlines()
+    sampled = wordpiece.count_words(sample.sampled_batches([str(corpus)], 20_000, 2))
+    assert 20_000 <= sum(sampled.values()) < sum(wordpiece.count_words([docs]).values())
+    assert tokens == wordpiece.train_vocab(sampled, 800)
+    assert tokens != wordpiece.train_vocab(wordpiece.count_words([docs]), 800)
+    assert main(["corpus", "prepare", "--input", str(corpus), "--output", str(tmp_path / "beam"),
+                 "--wordpiece-size", "800", "--wordpiece-sample-words", "20000", "--wordpiece-sample-seed", "2",
+                 "--seq-len", "64", "--validation-fraction", "0", "--shards", "2", "--no-progress",
+                 "--runner", "DirectRunner"]) == 0
+    assert (tmp_path / "beam" / "vocab.txt").read_bytes() == (tmp_path / "local" / "vocab.txt").read_bytes()
+    assert json.loads((tmp_path / "beam" / "metadata.json").read_text()) == local
+
+
+def test_a_wordpiece_sample_with_a_given_wordpiece_is_refused(tmp_path, capsys):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+    assert main(["corpus", "prepare", "--input", str(tmp_path / "corpus"), "--output", str(tmp_path / "out"),
+                 "--wordpiece", str(tmp_path / "vocab.txt"), "--wordpiece-sample-words", "1000"]) == 2
+    assert "--wordpiece-sample-words 1000" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_negative_sample_is_refused(tmp_path, capsys):

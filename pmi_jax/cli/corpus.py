@@ -39,6 +39,12 @@ def _add_prepare(commands) -> None:
     wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
                     help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
                     "corpus yields fewer: pieces seen under 10 times are left out)")
+    p.add_argument("--wordpiece-sample-words", type=int, default=0, metavar="N",
+                   help="train the WordPiece vocabulary on a seeded sample of whole documents of about N "
+                   "whitespace-separated words, the sample `vocab build --sample-words` draws (default 0: the "
+                   "whole corpus)")
+    p.add_argument("--wordpiece-sample-seed", type=int, default=0, metavar="S",
+                   help="seed of --wordpiece-sample-words' draw (default 0)")
     text_input.add_tokenizer_flags(p, wp)
     io_flags.reads(p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
                    help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
@@ -129,7 +135,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     config = PrepareConfig(
         inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
-        wordpiece_size=value_of(args.wordpiece_size), units=_parse_units(args.units), seq_len=value_of(args.seq_len),
+        wordpiece_size=value_of(args.wordpiece_size), wordpiece_sample_words=args.wordpiece_sample_words,
+        wordpiece_sample_seed=args.wordpiece_sample_seed, units=_parse_units(args.units), seq_len=value_of(args.seq_len),
         validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
         workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
         text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)

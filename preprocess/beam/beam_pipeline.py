@@ -12,6 +12,7 @@ import re
 from typing import Iterator, Sequence
 
 import apache_beam as beam
+import numpy as np
 
 from pmi_jax.errors import UserInputError
 
@@ -51,6 +52,64 @@ class ReadDocumentBatches(beam.PTransform):
         # Per file, the bytes replaced by U+FFFD (stats.json's invalid_utf8_bytes); read after applying.
         self.invalid_utf8_bytes = read.invalid
         return read.batches | "SpreadBatches" >> beam.Reshuffle()
+
+
+# ---------------------------------------------------------------------------------------------
+# A seeded sample of documents (--sample-words): pmi_jax.preprocess.text.sample, its cut combined over the workers
+
+
+def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from pmi_jax.preprocess.text import sample
+
+    return sample.priorities(batch, seed), sample.whitespace_words(batch)
+
+
+def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
+    from pmi_jax.preprocess.text import sample
+
+    kept = sample.in_sample(batch, seed, cut)
+    if kept:
+        yield kept
+
+
+class SampleCut(beam.CombineFn):
+    """(priorities, words) of batches -> the sample's cut; each accumulator keeps only its lowest
+    priorities (`sample.lowest`), about N words' worth of documents."""
+
+    def __init__(self, target: int):
+        self._target = target
+
+    def create_accumulator(self):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+
+    def add_input(self, accumulator, batch):
+        return self.merge_accumulators([accumulator, batch])
+
+    def merge_accumulators(self, accumulators):
+        from pmi_jax.preprocess.text import sample
+
+        accumulators = list(accumulators)
+        return sample.lowest(np.concatenate([a[0] for a in accumulators]),
+                             np.concatenate([a[1] for a in accumulators]), self._target)
+
+    def extract_output(self, accumulator) -> int:
+        from pmi_jax.preprocess.text import sample
+
+        return sample.cut(*accumulator, self._target)
+
+
+class SampleDocuments(beam.PTransform):
+    """Batches of documents -> batches of the sampled ones: the cut found in parallel, then a filter."""
+
+    def __init__(self, words: int, seed: int):
+        super().__init__()
+        self._words, self._seed = words, seed
+
+    def expand(self, texts):
+        cut = (texts
+               | "Priorities" >> beam.Map(sample_priorities, self._seed)
+               | "Cut" >> beam.CombineGlobally(SampleCut(self._words)))
+        return texts | "Filter" >> beam.FlatMap(sampled, self._seed, beam.pvalue.AsSingleton(cut))
 
 
 class _DropUserInputErrors(logging.Filter):

@@ -6,7 +6,8 @@ The local pipeline's work (pmi_jax.preprocess.corpus.prepare), cut where it is a
 lists file names and sizes and claims the output; each worker reads whole files and routes every
 document to its shard (`prepare.routed_documents`: a hash of the text); a group by shard brings
 each shard's documents to one worker, which restores corpus order and writes the shard
-(`prepare.ShardWriter.write`); wordpiece counts in parallel (without --wordpiece); metadata.json
+(`prepare.ShardWriter.write`); wordpiece counts in parallel (without --wordpiece; of the same
+seeded sample as the local run with --wordpiece-sample-words); metadata.json
 here. The same inputs give byte-identical shards, vocab.txt and metadata.json; a rerun writes
 only the missing shards. Stages in full: docs/design.md, "Module notes", beam_prepare.py.
 """
@@ -116,8 +117,11 @@ def _run(config, plan, pipeline_options) -> dict:
     with beam_pipeline.user_errors_in_one_line(), \
             beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
-            vocab_ready = (pipeline
-                           | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
+            texts = pipeline | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
+            if config.wordpiece_sample_words:
+                texts = texts | "Sample" >> beam_pipeline.SampleDocuments(config.wordpiece_sample_words,
+                                                                          config.wordpiece_sample_seed)
+            vocab_ready = (texts
                            | "CountWords" >> beam.FlatMap(count_batch_words)
                            | "SumWords" >> beam.CombinePerKey(sum)
                            | "AllWords" >> beam.combiners.ToList()

@@ -198,50 +198,6 @@ def tag(value, n: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# --sample-words: pmi_jax.preprocess.text.sample, its cut combined over the workers
-
-
-def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from pmi_jax.preprocess.text import sample
-
-    return sample.priorities(batch, seed), sample.whitespace_words(batch)
-
-
-def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
-    from pmi_jax.preprocess.text import sample
-
-    kept = sample.in_sample(batch, seed, cut)
-    if kept:
-        yield kept
-
-
-class SampleCut(beam.CombineFn):
-    """(priorities, words) of batches -> the sample's cut; each accumulator keeps only its lowest
-    priorities (`sample.lowest`), about N words' worth of documents."""
-
-    def __init__(self, target: int):
-        self._target = target
-
-    def create_accumulator(self):
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-
-    def add_input(self, accumulator, batch):
-        return self.merge_accumulators([accumulator, batch])
-
-    def merge_accumulators(self, accumulators):
-        from pmi_jax.preprocess.text import sample
-
-        accumulators = list(accumulators)
-        return sample.lowest(np.concatenate([a[0] for a in accumulators]),
-                             np.concatenate([a[1] for a in accumulators]), self._target)
-
-    def extract_output(self, accumulator) -> int:
-        from pmi_jax.preprocess.text import sample
-
-        return sample.cut(*accumulator, self._target)
-
-
-# ---------------------------------------------------------------------------------------------
 # Selection: the local code, on the table the levels make
 
 
@@ -298,11 +254,8 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     max_n, min_count = options.max_n, options.min_count
     read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
     texts = pipeline | "Read" >> read
-    if options.sample_words:  # --sample-words: the cut found in parallel, then a filter
-        cut = (texts
-               | "SamplePriorities" >> beam.Map(sample_priorities, options.sample_seed)
-               | "SampleCut" >> beam.CombineGlobally(SampleCut(options.sample_words)))
-        texts = texts | "Sample" >> beam.FlatMap(sampled, options.sample_seed, beam.pvalue.AsSingleton(cut))
+    if options.sample_words:
+        texts = texts | "Sample" >> beam_pipeline.SampleDocuments(options.sample_words, options.sample_seed)
     batches = texts | "Words" >> beam.Map(document_words, options.tokenizer, options.cased)
     invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches

@@ -57,6 +57,8 @@ class PrepareConfig:
     output: str
     wordpiece: str | None = None              # a BERT vocab.txt, or None to train one
     wordpiece_size: int = _DEFAULT_WORDPIECE_SIZE
+    wordpiece_sample_words: int = 0           # > 0: train on a seeded document sample of about this many words
+    wordpiece_sample_seed: int = 0            # (preprocess/text/sample.py, as `vocab build --sample-words`)
     units: tuple[tuple[str, str], ...] = ()   # (name, masking vocabulary dir or n-gram list)
     seq_len: int = 512
     validation_fraction: float = 0.01
@@ -294,6 +296,12 @@ def check_config(config: PrepareConfig) -> None:
         raise UserInputError("--wordpiece and --tokenizer: give one")
     if config.wordpiece is None and config.wordpiece_size <= len(wordpiece_vocab.SPECIAL_TOKENS):
         raise UserInputError(f"--wordpiece-size {config.wordpiece_size}: must exceed the special tokens")
+    if config.wordpiece_sample_words < 0:
+        raise UserInputError(f"--wordpiece-sample-words {config.wordpiece_sample_words}: must be positive "
+                             "(or 0: train on the whole corpus)")
+    if config.wordpiece_sample_words and (config.wordpiece is not None or config.tokenizer is not None):
+        raise UserInputError(f"--wordpiece-sample-words {config.wordpiece_sample_words}: samples the text a "
+                             "WordPiece vocabulary is trained on; drop it, or --wordpiece/--tokenizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,8 +554,17 @@ def _write_shards(plan: "PreparePlan", pieces: dict[int, list], on_shard_done: C
 # ---------------------------------------------------------------------------------------------
 # The whole run.
 
-def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[str] | None) -> list[str]:
-    """Write DIR/vocab.txt (the given vocabulary, or one trained on the corpus) and return its tokens.
+def wordpiece_sample(config: PrepareConfig) -> dict:
+    """--wordpiece-sample-words as metadata.json's wordpiece record and the fingerprint name it; {} without."""
+    if not config.wordpiece_sample_words:
+        return {}
+    return {"sample": {"words": config.wordpiece_sample_words, "seed": config.wordpiece_sample_seed}}
+
+
+def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[str] | None,
+                       scratch: str | None = None) -> list[str]:
+    """Write DIR/vocab.txt (the given vocabulary, or one trained on the corpus or on its sample,
+    written to `scratch`) and return its tokens.
 
     Called on a claimed directory, so a vocab.txt found there was trained by an interrupted run
     of this same configuration, and training is deterministic: it is kept.
@@ -560,8 +577,14 @@ def _install_wordpiece(config: PrepareConfig, corpus: CorpusFiles, given: list[s
         log.info("training a WordPiece vocabulary of at most %d tokens", config.wordpiece_size)
         from pmi_jax.preprocess.text.word_stream import count_words  # the vocabulary build's threaded reader: same counts
 
-        counts = collections.Counter(count_words(corpus.files, config.workers, corpus.text_field, config.progress,
-                                                 _BATCH_CHARS))
+        files, text_field = corpus.files, corpus.text_field
+        if config.wordpiece_sample_words:
+            from pmi_jax.preprocess.text import sample
+
+            files = [sample.write_sample(corpus.files, config.wordpiece_sample_words, config.wordpiece_sample_seed,
+                                         os.path.join(scratch, "wordpiece_sample.jsonl"), corpus.text_field)]
+            text_field = documents.DEFAULT_TEXT_FIELD
+        counts = collections.Counter(count_words(files, config.workers, text_field, config.progress, _BATCH_CHARS))
         tokens = wordpiece.train_vocab(counts, config.wordpiece_size, config.workers)
         if len(tokens) <= len(wordpiece_vocab.SPECIAL_TOKENS):
             raise UserInputError(f"--input {' '.join(config.inputs)}: the corpus yields no WordPiece token besides "
@@ -632,7 +655,7 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
     corpus = list_corpus(files, config.text_field)
     assignment = assignment_of(config, corpus)
     wordpiece_id = ({"sha256": wordpiece_vocab.vocab_sha256(given)} if given is not None
-                    else {"trained_size": config.wordpiece_size})
+                    else {"trained_size": config.wordpiece_size, **wordpiece_sample(config)})
     if tokenizer is not None:
         wordpiece_id["tokenizer_sha256"] = tokenizer.sha256
     fingerprint = config_fingerprint(config, corpus, wordpiece_id, units, assignment)
@@ -690,7 +713,7 @@ def prepare(config: PrepareConfig, on_shard_done: Callable[[ShardTask], None] | 
             if plan.given_wordpiece is not None:
                 plan.install_given()
             else:
-                _install_wordpiece(config, plan.corpus, None)
+                _install_wordpiece(config, plan.corpus, None, scratch)
             _write_shards(plan, pieces, on_shard_done)
         return finish_prepare(plan)
 
@@ -737,7 +760,8 @@ def _metadata(config: PrepareConfig, corpus: dict, tokens: list[str], trained: b
         "seed": config.seed,
         "validation_fraction": config.validation_fraction,
         "wordpiece": {"path": prepared_corpus.VOCAB_FILE, "source": config.wordpiece,
-                      "sha256": wordpiece_vocab.vocab_sha256(tokens), "size": len(tokens), "trained": trained},
+                      "sha256": wordpiece_vocab.vocab_sha256(tokens), "size": len(tokens), "trained": trained,
+                      **(wordpiece_sample(config) if trained else {})},
         "special_ids": wordpiece_vocab.special_ids(tokens),
         "units": {name: {"source": u["source"], "sha256": u["sha256"], "entries": u["entries"],
                          "coverage": multiword[name] / content if content else 0.0}

@@ -73,3 +73,15 @@ def sampled_batches(files: Iterable[str], target: int, seed: int, text_field: st
         kept = in_sample(batch, seed, cut_priority)
         if kept:
             yield kept
+
+
+def write_sample(files: Sequence[str], target: int, seed: int, path: str,
+                 text_field: str = documents.DEFAULT_TEXT_FIELD) -> str:
+    """The sample's documents, in corpus order, as JSON lines at `path` (local scratch): what the
+    local commands read instead of the corpus."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for batch in sampled_batches(files, target, seed, text_field):
+            f.writelines(json.dumps({documents.DEFAULT_TEXT_FIELD: doc}) + "\n" for doc in batch)
+    return path

@@ -104,7 +104,11 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     with storage.scratch_directory(output, options.tmp_dir) as work_dir, tally_replacements() as replaced:
         read, text_field = files, options.text_field
         if options.sample_words:
-            read, text_field = [_write_sample(files, options, work_dir)], documents.DEFAULT_TEXT_FIELD
+            from pmi_jax.preprocess.text import sample
+
+            read = [sample.write_sample(files, options.sample_words, options.sample_seed,
+                                        os.path.join(work_dir, "sample.jsonl"), options.text_field)]
+            text_field = documents.DEFAULT_TEXT_FIELD
         stream = tokenise_corpus(read, work_dir, options.max_n, options.workers, progress,
                                  text_field=text_field, tokenizer=tokenizer)
         if stream.num_words == 0:
@@ -129,19 +133,6 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
     except FileExistsError:  # created by someone else while we counted
         raise storage.existing_output_error(output)
     return stats
-
-
-def _write_sample(files: Sequence[str], options: VocabOptions, work_dir: str) -> str:
-    """--sample-words: the sampled documents, in corpus order, as JSON lines in the scratch directory."""
-    import json
-
-    from pmi_jax.preprocess.text import sample
-
-    path = os.path.join(work_dir, "sample.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-        for batch in sample.sampled_batches(files, options.sample_words, options.sample_seed, options.text_field):
-            f.writelines(json.dumps({documents.DEFAULT_TEXT_FIELD: doc}) + "\n" for doc in batch)
-    return path
 
 
 @dataclasses.dataclass
