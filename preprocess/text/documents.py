@@ -150,39 +150,26 @@ def _open_binary(path: str) -> Iterator[io.BufferedIOBase]:
         yield gzip.GzipFile(fileobj=binary) if path.endswith(".gz") else binary
 
 
-def _lines(path: str, start: int = 0) -> Iterator[tuple[str, int | None]]:
-    """The lines of a file as text, split on "\n", "\r\n" and "\r" (Python's universal newlines),
-    each with the byte offset just past it where a line of the file ends there (None inside one
-    split on "\r"): a place `start` can seek to.
+def _lines(path: str) -> Iterator[str]:
+    """The lines of a file as text, split on "\n", "\r\n" and "\r" (Python's universal newlines).
 
     Invalid UTF-8 is replaced and counted; a file that is mostly invalid, or a broken .gz, is
-    refused once seen. Those checks and the tally are of whole files: a read from `start` > 0
-    (a resumed one, after the whole file was read once) makes neither.
+    refused once seen.
     """
     total = invalid = 0
-    offset = start
     try:
         with _open_binary(path) as f:
-            if start:
-                f.seek(start)
-            else:
-                plain_text.check_not_wide(f"--input {path}", f.peek(plain_text.SNIFF_BYTES))
+            plain_text.check_not_wide(f"--input {path}", f.peek(plain_text.SNIFF_BYTES))
             for raw in f:
                 decoded, bad = plain_text.decode(raw)
                 total += len(raw)
                 invalid += bad
-                offset += len(raw)
                 if "\r" in decoded:
-                    pieces = decoded.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
-                    for piece in pieces[:-1]:
-                        yield piece, None
-                    yield pieces[-1], offset
+                    yield from decoded.replace("\r\n", "\n").replace("\r", "\n").splitlines(keepends=True)
                 else:
-                    yield decoded, offset
+                    yield decoded
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserInputError(f"--input {path}: not a readable gzip file ({e or type(e).__name__})") from None
-    if start:
-        return
     plain_text.check_mostly_valid(f"--input {path}", invalid, total)
     tally = _TALLY.get()
     if invalid and tally is not None:
@@ -203,35 +190,29 @@ def _open_table_file(path: str):
         yield f
 
 
-def _record_batches(path: str, source, text_field: str, start: int = 0):
-    """(part, record batch) of the column `text_field`, from a Parquet or Arrow IPC (stream or
-    file) source; a part is a row group (Parquet) or a record batch (Arrow's file format) that a
-    read can start at (`start`), else None (Arrow's stream format has no index)."""
+def _record_batches(path: str, source, text_field: str):
+    """Record batches of the column `text_field`, from a Parquet or Arrow IPC (stream or file) source."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
         parquet = pq.ParquetFile(source)
         _check_text_column(path, parquet.schema_arrow, text_field)
-        for group in range(start, parquet.num_row_groups):
-            for batch in parquet.iter_batches(batch_size=_ROWS_PER_READ, row_groups=[group], columns=[text_field]):
-                yield group, batch
+        yield from parquet.iter_batches(batch_size=_ROWS_PER_READ, columns=[text_field])
         return
     try:
-        if start:
-            raise pa.ArrowInvalid("a start needs the file format's index")
         reader = pa.ipc.open_stream(source)
     except pa.ArrowInvalid:  # not the stream format: the random-access file format (Feather v2)?
         if not isinstance(source, str):
             source.seek(0)
         reader = pa.ipc.open_file(source)
         _check_text_column(path, reader.schema, text_field)
-        for i in range(start, reader.num_record_batches):
-            yield i, reader.get_batch(i).select([text_field])
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i).select([text_field])
         return
     _check_text_column(path, reader.schema, text_field)
     for batch in reader:
-        yield None, batch.select([text_field])
+        yield batch.select([text_field])
 
 
 def _check_text_column(path: str, schema, text_field: str) -> None:
@@ -245,40 +226,32 @@ def _check_text_column(path: str, schema, text_field: str) -> None:
         raise UserInputError(f"--input {path}: column {text_field!r} holds {kind}, not strings")
 
 
-def _read_table(path: str, text_field: str, start: int, points: bool) -> Iterator:
-    """The non-empty strings of one column of a Parquet or Arrow file, in row order; with
-    `points`, each with its resume point (the first string of a row group or indexed record
-    batch) or None."""
+def _read_table(path: str, text_field: str) -> Iterator[str]:
+    """The non-empty strings of one column of a Parquet or Arrow file, in row order."""
     import pyarrow as pa
 
     kind = "Parquet" if path.endswith(".parquet") else "Arrow"
     try:
         with _open_table_file(path) as source:
-            previous, row = None, 0
-            for part, batch in _record_batches(path, source, text_field, start):
-                resume = (part, 0) if part is not None and part != previous else None
-                previous = part
+            row = 0
+            for batch in _record_batches(path, source, text_field):
                 column = batch.column(0)
                 if column.null_count:  # refused as a JSON-lines null is: a row the user may not know is empty
                     first = row + column.is_null().to_pylist().index(True) + 1
                     raise UserInputError(f"--input {path}: {column.null_count} rows of this batch have a null "
-                                         f"{text_field!r}, the first row {first}{' after the resume point' if start else ''}; "
+                                         f"{text_field!r}, the first row {first}; "
                                          "drop or fill the nulls (a JSON-lines null is refused too)")
                 row += len(column)
                 for text in column.to_pylist():
                     if text is not None and text.strip():
-                        yield (text, resume) if points else text
-                        resume = None
+                        yield text
     except (pa.ArrowInvalid, OSError) as e:
         raise UserInputError(f"--input {path}: not a readable {kind} file ({e})") from None
 
 
-def _read_json_lines(path: str, text_field: str, start: tuple[int, int], points: bool) -> Iterator:
-    """The `text_field` strings of a JSON-lines file; with `points`, each with the offset and
-    line number of its line."""
-    offset, line_number = start
-    for line, end in _lines(path, offset):
-        line_number += 1
+def _read_json_lines(path: str, text_field: str) -> Iterator[str]:
+    """The `text_field` strings of a JSON-lines file."""
+    for line_number, line in enumerate(_lines(path), 1):
         if line.strip():
             try:
                 text = json.loads(line)[text_field]
@@ -289,57 +262,30 @@ def _read_json_lines(path: str, text_field: str, start: tuple[int, int], points:
                 raise UserInputError(f"{path}:{line_number}: the {text_field!r} field is {json.dumps(text)[:40]}, "
                                      "not a string")
             if text.strip():
-                yield (text, None if offset is None else (offset, line_number - 1)) if points else text
-        offset = end
+                yield text
 
 
-def _read_text(path: str, start: tuple[int, int], points: bool) -> Iterator:
-    """BERT pretraining text: documents are separated by blank lines, a document's lines joined by
-    spaces; with `points`, each with the offset of its first line (where no document is open)."""
+def _read_text(path: str) -> Iterator[str]:
+    """BERT pretraining text: documents are separated by blank lines, a document's lines joined by spaces."""
     paragraph: list[str] = []
-    resume = first = start[0]  # resume: where a read that yields the next document can start
-    for line, end in _lines(path, start[0]):
+    for line in _lines(path):
         line = line.strip()
         if line:
-            if not paragraph:
-                first = resume
             paragraph.append(line)
-            continue
-        if paragraph:
-            yield (" ".join(paragraph), None if first is None else (first, 0)) if points else " ".join(paragraph)
+        elif paragraph:
+            yield " ".join(paragraph)
             paragraph = []
-        resume = end
     if paragraph:
-        yield (" ".join(paragraph), None if first is None else (first, 0)) if points else " ".join(paragraph)
+        yield " ".join(paragraph)
 
 
-def _read(path: str, text_field: str, start: tuple | None, points: bool) -> Iterator:
+def read_documents(path: str, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Yield the non-empty documents of one file, in file order (`text_field`: JSON lines, Parquet, Arrow)."""
     if _is_table(path):
-        return _read_table(path, text_field, start[0] if start else 0, points)
+        return _read_table(path, text_field)
     if _is_json_lines(path):
-        return _read_json_lines(path, text_field, start or (0, 0), points)
-    return _read_text(path, start or (0, 0), points)
-
-
-def read_documents_with_resume_points(path: str, text_field: str = DEFAULT_TEXT_FIELD
-                                      ) -> Iterator[tuple[str, tuple | None]]:
-    """(document, resume point or None) of one file, in file order.
-
-    A resume point is a seek position (a byte offset and a line number, a row group, an indexed
-    record batch) from which `read_documents(path, text_field, start=point)` yields this
-    document first: `corpus prepare` keeps some from its scan, so that a shard in the middle of
-    one big file does not read the file from its start. A gzipped file has none (its reader
-    cannot seek), nor does an Arrow stream (no index).
-    """
-    if path.endswith(".gz"):
-        return ((doc, None) for doc in _read(path, text_field, None, points=False))
-    return _read(path, text_field, None, points=True)
-
-
-def read_documents(path: str, text_field: str = DEFAULT_TEXT_FIELD, start: tuple | None = None) -> Iterator[str]:
-    """Yield the non-empty documents of one file, in file order (`text_field`: JSON lines, Parquet,
-    Arrow), from the resume point `start` (read_documents_with_resume_points) if given."""
-    return _read(path, text_field, start, points=False)
+        return _read_json_lines(path, text_field)
+    return _read_text(path)
 
 
 def document_key(encoded: bytes) -> int:

@@ -1,5 +1,6 @@
-"""Resume points (preprocess/text/documents.py): a read from any of them yields exactly the rest of
-the file, in every format."""
+"""preprocess/text/documents.py reads the same documents, in order, from every format: blank-line
+text (Unix, Windows and old Mac line ends), JSON lines (plain and gzipped), Parquet row groups and
+Arrow record batches."""
 import gzip
 import json
 
@@ -9,9 +10,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from pmi_jax.errors import UserInputError
-
-from pmi_jax.preprocess.text.documents import read_documents, read_documents_with_resume_points
+from pmi_jax.preprocess.text.documents import read_documents
 
 
 def _docs(n: int, seed: int = 0) -> list[str]:
@@ -53,35 +52,6 @@ KINDS = ("text", "text-crlf-and-cr", "jsonl", "jsonl.gz", "parquet", "arrow")
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_read_from_every_resume_point_yields_the_rest_of_the_file(tmp_path, kind):
+def test_every_format_yields_its_documents_in_order(tmp_path, kind):
     docs = _docs(60)
-    path = _write(tmp_path, kind, docs)
-    pairs = list(read_documents_with_resume_points(path))
-    assert [d for d, _ in pairs] == docs == list(read_documents(path))
-    points = [(i, p) for i, (_, p) in enumerate(pairs) if p is not None]
-    if kind == "jsonl.gz":
-        assert points == []  # a gzip stream cannot seek: shards read it from the start
-        return
-    assert len(points) >= (6 if kind in ("parquet", "arrow") else len(docs) // 2), points  # every row group or batch
-    for i, point in points:
-        assert list(read_documents(path, start=point)) == docs[i:], (i, point)
-
-
-def test_a_resumed_read_seeks_past_the_files_start(tmp_path):
-    """Reading from a late resume point does not read what comes before it: bytes there may change."""
-    docs = _docs(40)
-    path = _write(tmp_path, "jsonl", docs)
-    i, point = [(i, p) for i, (_, p) in enumerate(read_documents_with_resume_points(path)) if p][-5]
-    raw = open(path, "rb").read()
-    with open(path, "wb") as f:
-        f.write(b"\xff" * point[0] + raw[point[0]:])  # not even UTF-8 before the point
-    assert list(read_documents(path, start=point)) == docs[i:]
-
-
-def test_a_resumed_json_read_still_names_the_bad_line(tmp_path):
-    path = tmp_path / "c.jsonl"
-    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs(30)) + "{broken\n")
-    pairs = read_documents_with_resume_points(str(path))
-    points = [next(pairs)[1] for _ in range(30)]  # the 31st line is the broken one
-    with pytest.raises(UserInputError, match=r"c\.jsonl:31: not a JSON object"):
-        list(read_documents(str(path), start=points[-1]))
+    assert list(read_documents(_write(tmp_path, kind, docs))) == docs
