@@ -5,9 +5,9 @@ issue 35's compact arrays (preprocess/beam/beam_vocab.py).
 
 Before, every frequent n-gram reached the one selecting worker as a side-input element
 (n, (tuple of word bytes, count)), each word its own bytes object (side inputs are decoded
-element by element); now as a row of word ids (int32) and a count (int64) in one array pair per
-length. tracemalloc measures both as that worker holds them, for real words of the demo corpus
-drawn into random n-grams; then the peak of `counts_table` building the local table from arrays.
+element by element); now as the local table's sorted int64 keys and int64 counts, one array
+pair per length (the workers count them so: `level_counts`, `SumCounts`). tracemalloc measures
+both as that worker holds them, for real words of the demo corpus drawn into random n-grams.
 """
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ def main() -> None:
     flat, _ = split_words_flat(list(itertools.islice(iter_demo_documents(), 3000)))
     vocabulary = sorted(set(flat))
     rng = np.random.default_rng(0)
-    words = beam_vocab.word_index([(w, 20) for w in vocabulary])
     print(f"{len(vocabulary):,} distinct words, {args.grams:,} n-grams per length")
     print("| n | before: tuples, bytes per n-gram | after: arrays, bytes per n-gram |")
     print("| --- | --- | --- |")
@@ -51,8 +50,10 @@ def main() -> None:
         grams = [(tuple(vocabulary[i] for i in row), 20 + k % 7) for k, row in enumerate(picks.tolist())]
         wire = [pickle.dumps((n, g)) for g in grams]  # a side input decodes element by element: fresh objects
         old, _ = measure(lambda: [pickle.loads(w) for w in wire])
-        new, _ = measure(lambda: beam_vocab.ConcatenateLevel(n).extract_output(
-            [beam_vocab.gram_ids(grams[i:i + 100_000], words) for i in range(0, len(grams), 100_000)]))
+        keys = rng.permutation(args.grams * 7)[:args.grams].astype(np.int64)  # one partition's keys each part
+        parts = [(np.sort(keys[i:i + 100_000]), np.full(len(keys[i:i + 100_000]), 20, np.int64), 100_000)
+                 for i in range(0, len(keys), 100_000)]
+        new, _ = measure(lambda: beam_vocab.ConcatenateLevel(n).extract_output(parts)[1:3])
         print(f"| {n} | {old / args.grams:.0f} | {new / args.grams:.0f} |")
 
 
