@@ -286,6 +286,7 @@ def main() -> None:
     parser.add_argument("--keep-outputs", action="store_true", help="keep the vocabulary and TFRecords")
     parser.add_argument("--runner", choices=["DirectRunner"], help="run both commands as Beam pipelines")
     parser.add_argument("--direct-workers", type=int, default=2, help="--direct_num_workers with --runner")
+    parser.add_argument("--sample-words", type=float, default=0, help="vocab build's --sample-words (default 0: none)")
     args = parser.parse_args()
     if args.table:
         with open(args.output) as f:
@@ -313,10 +314,13 @@ def main() -> None:
             "prepare": [exe, "corpus", "prepare", "--input", inputs, "--output", prepared, "--units", f"pmi={vocab}",
                         "--seq-len", "128", "--workers", str(args.workers), "--no-progress"],
         }
+        if args.sample_words:
+            commands["vocab"] += ["--sample-words", str(int(args.sample_words))]
         if args.runner:  # both as Beam pipelines, worker processes as the multi-core local path's
             beam = ["--runner", args.runner, "--direct_num_workers", str(args.direct_workers),
                     "--beam-option=--direct_running_mode=multi_processing"]
-            commands["vocab"] = [exe, "vocab", "build", "--input", inputs, "--output", vocab, "--no-progress", *beam]
+            commands["vocab"] = [exe, "vocab", "build", "--input", inputs, "--output", vocab, "--no-progress", *beam,
+                                 *commands["vocab"][commands["vocab"].index("--no-progress") + 1:]]
             commands["prepare"] += beam
         for command in args.commands:
             out = vocab if command == "vocab" else prepared
