@@ -64,6 +64,20 @@ def test_beam_vocabulary_equals_the_local_build(corpus, local_vocab, tmp_path):
     assert local_stats["counted_ngrams"]["3"] > local_stats["candidates"]["3"]
 
 
+def test_beams_batch_words_stay_exact_when_two_word_keys_collide(monkeypatch):
+    """Every long word of one length gets the same key: the batch falls back to exact strings."""
+    import numpy as np
+
+    from pmi_jax.preprocess.text import word_keys
+
+    monkeypatch.setattr(word_keys, "_hash_bytes", lambda words, starts, lengths: np.zeros(len(starts), np.uint64))
+    words, inverse, lengths = beam_vocab.document_words(["internationalisation a",
+                                                         "b internationalization internationalisation"])
+    assert [words[i] for i in inverse] == [b"internationalisation", b"a", b"b", b"internationalization",
+                                           b"internationalisation"]
+    assert len(words) == 4 and lengths.tolist() == [2, 3]
+
+
 def test_beam_prepare_equals_the_local_prepare(corpus, local_vocab, tmp_path):
     config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "local"), wordpiece_size=1500,
                                    units=(("pmi", str(local_vocab)),), seq_len=64, validation_fraction=0.05,
