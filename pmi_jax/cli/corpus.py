@@ -159,7 +159,7 @@ def run_informask(args: argparse.Namespace) -> int:
 
     options = InformaskOptions(window=value_of(args.window), candidates=value_of(args.candidates),
                                min_pair_count=value_of(args.min_pair_count), seed=value_of(args.seed))
-    with storage.write_errors(args.data_dir, "DIR"):
+    with storage.write_errors(args.data_dir):
         stats = build_rates(args.data_dir, options, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"{stats['sequences']} sequences, {stats['tokens']} tokens, {stats['pairs']} window pairs "
           f"({stats['distinct_pairs']} distinct); {stats['rates_of']} token ids seen")
