@@ -24,7 +24,7 @@ from pmi_jax.formats import run_dir, text as plain_text
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
-DEFAULT_TEXT_FIELD = "text"
+DEFAULT_TEXT_FIELD = plain_text.DEFAULT_TEXT_FIELD
 _ROWS_PER_READ = 1024  # rows of a Parquet or Arrow file decoded at a time: bounded memory on any file
 _TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
 
