@@ -1,9 +1,42 @@
-"""The one exception type that means "the user gave us something we cannot use".
+"""The exception types that mean "the user gave us something we cannot use".
 
 The CLI prints such an error as a single line and exits with status 2, so every message
 must name the offending input (a path, an option and its value) and say what is wrong.
 """
+from __future__ import annotations
 
 
 class UserInputError(Exception):
     pass
+
+
+class PathError(UserInputError):
+    """A path that cannot be used and what is wrong with it, without the flag that named it.
+
+    The bottom layer (pmi_jax/storage.py, formats/) knows paths, not command lines: the command
+    that took the path words the line with its flag (pmi_jax/cli/io_flags.py, `worded`). `name`
+    stands in for the flag where the caller knows better (a run's results folder).
+    """
+
+    def __init__(self, path: str, problem: str, name: str | None = None):
+        super().__init__(path, problem, name)  # all three, so that the error pickles (worker processes)
+        self.path, self.problem, self.name = path, problem, name
+
+    def named(self, name: str) -> "PathError":
+        """The same error, naming the path by `name` (the flag that gave it)."""
+        return type(self)(self.path, self.problem, name)
+
+    def line(self, name: str | None = None, fix: str = "") -> str:
+        """`NAME PATH: PROBLEM FIX`, naming the path by `name` (else by its own `name`, if any)."""
+        name = name or self.name
+        return f"{name + ' ' if name else ''}{self.path}: {self.problem}{fix}"
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+class OutputExists(PathError):
+    """An output that exists where replacing it was not asked for; the command says how to ask."""
+
+    def __init__(self, path: str, problem: str = "already exists", name: str | None = None):
+        super().__init__(path, problem, name)

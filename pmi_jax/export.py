@@ -77,13 +77,13 @@ def export_hf(checkpoint: str, output: str, *, step: int | None = None, vocab: s
     import jax
 
     from pmi_jax import checkpoints, huggingface, storage
-    from pmi_jax.formats import hf_checkpoint, prepared_corpus, wordpiece_vocab
+    from pmi_jax.formats import hf_checkpoint, prepared_corpus, run_dir, wordpiece_vocab
 
     inputs = [("--checkpoint", checkpoint), ("--vocab", vocab), ("--perplexity", perplexity)]
-    storage.check_new_output(output, overwrite, directory=True, inputs=inputs)
+    run_dir.check_new_output(output, overwrite, directory=True, inputs=inputs)
     path = checkpoint_path(checkpoint, step)
     config, params, metadata = checkpoints.restore_for_eval(path)
-    storage.check_output_apart(output, [("the checkpoint's corpus", metadata.data_dir)])
+    run_dir.check_output_apart(output, [("the checkpoint's corpus", metadata.data_dir)])
     vocab_size = int(metadata.vocab_size or config.vocab_size)
     _, tokens = _vocabulary(vocab, metadata, path, vocab_size)
     quoted = _perplexity(perplexity, metadata.step)

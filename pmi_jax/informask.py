@@ -21,7 +21,7 @@ import tensorflow as tf
 from pmi_jax import storage
 from pmi_jax.config import MASK_RATE, mask_rate_units
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats import informask_rates, prepared_corpus
+from pmi_jax.formats import informask_rates, prepared_corpus, run_dir
 from pmi_jax.masking import masking_budget
 
 _FLUSH_PAIRS = 1 << 23  # pair keys gathered before they are merged into the running counts
@@ -242,7 +242,7 @@ def build_rates(data_dir: str, options: InformaskOptions = InformaskOptions(), o
     output = informask_rates.path(data_dir)
     if storage.gfile.exists(output) and not overwrite:
         raise UserInputError(f"{output} exists; add --overwrite to measure the rates again")
-    storage.check_new_output(output, overwrite=True)
+    run_dir.check_new_output(output, overwrite=True)
     content = measure_rates(corpus, options, progress)
     informask_rates.write_rates(data_dir, content)
     occurrences, rates = np.asarray(content["occurrences"]), np.asarray(content["rates"])

@@ -17,9 +17,9 @@ import os
 import re
 import socket
 import uuid
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator
 
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import OutputExists, PathError, UserInputError
 
 
 class _LocalGfile:
@@ -177,7 +177,7 @@ def restore_aside(path: str) -> str | None:
         return None
     newest = max(asides, key=lambda a: gfile.stat(a).mtime_nsec)
     gfile.rename(newest, path)
-    logging.warning("%s: restored the previous output from %s, where an interrupted --overwrite had moved it",
+    logging.warning("%s: restored the previous output from %s, where an interrupted overwrite had moved it",
                     path, newest)
     return newest
 
@@ -203,7 +203,7 @@ def sweep_temporaries(path: str, name_kept: bool = True) -> list[str]:
             remove_tree(leftover)
             removed.append(leftover)
         elif name_kept:
-            logging.warning("%s: kept %s, which may hold an earlier output that an interrupted --overwrite "
+            logging.warning("%s: kept %s, which may hold an earlier output that an interrupted overwrite "
                             "moved aside; look inside, then move it back or delete it", path.rstrip("/"),
                             leftover)
     return removed
@@ -217,11 +217,6 @@ def remove_tree(path: str) -> None:
         gfile.remove(path)
 
 
-def existing_output_error(path: str) -> UserInputError:
-    """The one-line error for an --output that exists and may not be replaced."""
-    return UserInputError(f"--output {path}: already exists (pass --overwrite to replace it)")
-
-
 def is_inside(path: str, directory: str) -> bool:
     """Whether `path` is `directory` or lies under it (local paths resolved, URLs compared as text)."""
     if "://" in path or "://" in directory:
@@ -231,125 +226,54 @@ def is_inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-# What makes a directory a training run: `train` writes both (docs/design.md, "Run directory";
-# the names are pmi_jax/formats/run_dir.py's, repeated here because storage sits below formats/).
-RUN_RECORDS = ("checkpoints", "tensorboard")
-RUN_RESULTS = "eval"  # where `eval` files its results inside a run (one output per result)
-_RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
+def check_writable(path: str, overwrite: bool, directory: bool = False) -> None:
+    """Refuse an output that cannot be written, before any work starts (a PathError naming `path`).
 
-
-def is_run(directory: str) -> bool:
-    return gfile.isdir(join(directory, RUN_RECORDS[0])) or gfile.exists(join(directory, RUN_RECORDS[1],
-                                                                            "metrics.jsonl"))
-
-
-def _run_at_or_below(path: str) -> str | None:
-    """A training run that `path` is or holds, if any (the first found; the search is bounded)."""
-    if not gfile.isdir(path):
-        return None
-    for count, (directory, subdirs, _) in enumerate(gfile.walk(path)):
-        if is_run(directory):
-            return directory.rstrip("/")
-        if count >= _RUN_SEARCH_LIMIT:
-            break
-    return None
-
-
-def _run_holding(path: str, folders: Sequence[str]) -> str | None:
-    """The run in one of whose `folders` (checkpoints/, eval/, ...) `path` lies, if any."""
-    path = path.rstrip("/") if not is_local(path) else os.path.abspath(path)
-    parent, name = os.path.split(path)
-    while parent and parent != path:
-        if name in folders and is_run(parent):
-            return parent
-        path, (parent, name) = parent, os.path.split(parent)
-    return None
-
-
-def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = (), option: str = "--output") -> None:
-    """The library's rule for outputs: none may hold, or lie inside, an input or a training run.
-
-    Writing an output replaces it (`--overwrite`, or a resumed run's sweep), so an output
-    directory that is or holds an input, or any run (its checkpoints, metrics, evaluations),
-    would destroy it; an output inside an input that is not a run (a corpus, a vocabulary)
-    would replace one of its files or add one its reader refuses; so would an output into a
-    run's checkpoints/ or tensorboard/, or over a run's whole eval/ folder. Inside a run, other
-    outputs may be written: eval/<result> is where the evaluation commands file (and refile)
-    their results, and an export kept beside the checkpoints is the user's own. `inputs` are
-    (option, path) pairs such as ("--checkpoint", "runs/a"), including those a command derives
-    (the checkpoint's corpus); the command line's own flags are checked once for every command
-    by pmi_jax/cli/io_flags.py.
+    An existing output needs `overwrite` (else OutputExists); a `directory` output may not be an
+    existing file. A local file output needs its directory to exist; a directory output's missing
+    parents are created when it is written, so no ancestor on the way may be a file. The place
+    that will take the output must accept a new file: read-only filesystems and missing
+    permissions are found here, by creating and removing a probe file, not after the work. What
+    an output may not hold (an input, a training run) is the caller's rule:
+    pmi_jax/formats/run_dir.py, `check_new_output`.
     """
-    for source_option, source in inputs:
-        if not source:
-            continue
-        if is_inside(source, output):
-            what = "is" if is_inside(output, source) else "holds"
-            raise UserInputError(f"{option} {output}: {what} the input {source_option} {source}; write the output "
-                                 "elsewhere")
-        if is_inside(output, source) and not is_run(source):
-            raise UserInputError(f"{option} {output}: lies inside the input {source_option} {source}, which is not "
-                                 "this command's to change; write the output elsewhere")
-    run = _run_at_or_below(output)
-    if run is not None:
-        raise UserInputError(f"{option} {output}: holds the training run {run}; write the output elsewhere")
-    run = _run_holding(output, RUN_RECORDS)
-    if run is not None:
-        raise UserInputError(f"{option} {output}: lies inside the records of the training run {run}; write the "
-                             "output elsewhere")
-    parent, name = os.path.split(output.rstrip("/") if not is_local(output) else os.path.abspath(output))
-    if name == RUN_RESULTS and is_run(parent):
-        raise UserInputError(f"{option} {output}: is the results folder of the training run {parent}; write the "
-                             "output elsewhere")
-
-
-def check_new_output(path: str, overwrite: bool, directory: bool = False,
-                     inputs: Iterable[tuple[str, str | None]] = ()) -> None:
-    """Refuse an --output that cannot be written, before any work starts.
-
-    An existing output needs `overwrite`; a `directory` output may not be an existing file. A
-    local file output needs its directory to exist; a directory output's missing parents are
-    created when it is written, so no ancestor on the way may be a file. The place that will
-    take the output must accept a new file: read-only filesystems and missing permissions are
-    found here, by creating and removing a probe file, not after the work. First of all, the
-    output may not hold an input or a run (`check_output_apart`).
-    """
-    check_output_apart(path, inputs)
-    _check_writable(path, overwrite, directory)
-
-
-def _check_writable(path: str, overwrite: bool, directory: bool) -> None:
     restore_aside(path)
     if gfile.exists(path):
         if directory and not gfile.isdir(path):
-            raise UserInputError(f"--output {path}: is a file; name a directory")
+            raise PathError(path, "is a file; name a directory")
         if not directory and gfile.isdir(path):
-            raise UserInputError(f"--output {path}: is a directory; name a file")
+            raise PathError(path, "is a directory; name a file")
         if not overwrite:
-            raise existing_output_error(path)
+            raise OutputExists(path)
     if not is_local(path):
         return
     parent = os.path.dirname(os.path.abspath(path))
     if not directory and not os.path.isdir(parent):
-        raise UserInputError(f"--output {path}: the directory {parent} does not exist")
+        raise PathError(path, f"the directory {parent} does not exist")
     while not os.path.isdir(parent):
         if os.path.exists(parent):
-            raise UserInputError(f"--output {path}: {parent} is a file")
+            raise PathError(path, f"{parent} is a file")
         parent = os.path.dirname(parent)
-    probe = temporary_sibling(os.path.join(parent, os.path.basename(path.rstrip("/"))))
+    _probe(path, os.path.join(parent, os.path.basename(path.rstrip("/"))), parent, None)
+
+
+def _probe(path: str, beside: str, parent: str, name: str | None) -> None:
+    """Create and remove a file next to `beside`: whether `parent` takes new files."""
+    probe = temporary_sibling(beside)
     try:
         with open(probe, "wb"):
             pass
         os.remove(probe)
     except OSError as e:
-        raise UserInputError(f"--output {path}: cannot write in {parent} ({e.strerror})") from None
+        raise PathError(path, f"cannot write in {parent} ({e.strerror})", name) from None
 
 
-def check_writable_directory(path: str, what: str) -> None:
-    """Refuse a directory a command will write into (a run's --workdir, its eval/ folder) that is
-    a file, lies under a file, or takes no new file, before any work; `what` begins the message.
+def check_writable_directory(path: str, name: str | None = None) -> None:
+    """Refuse a directory a command will write into (a run's workdir, its eval/ folder) that is
+    a file, lies under a file, or takes no new file, before any work; `name` names `path` in the
+    message where the flag that gave it does not (PathError).
 
-    Unlike `check_new_output`, an existing directory is probed inside, where the files will go
+    Unlike `check_writable`, an existing directory is probed inside, where the files will go
     (a read-only mount may be the directory itself).
     """
     if not is_local(path):
@@ -357,23 +281,17 @@ def check_writable_directory(path: str, what: str) -> None:
     directory = os.path.abspath(path)
     while not os.path.isdir(directory):
         if os.path.exists(directory):
-            raise UserInputError(f"{what}: {directory} is a file; name a directory")
+            raise PathError(path, f"{directory} is a file; name a directory", name)
         directory = os.path.dirname(directory)
-    probe = temporary_sibling(os.path.join(directory, "probe"))
-    try:
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise UserInputError(f"{what}: cannot write in {directory} ({e.strerror})") from None
+    _probe(path, os.path.join(directory, "probe"), directory, name)
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 @contextlib.contextmanager
-def write_errors(output: str, option: str = "--output") -> Iterator[None]:
-    """Turn a failed write (full disk, read-only filesystem, no permission) into a one-line error.
+def write_errors(output: str) -> Iterator[None]:
+    """Turn a failed write (full disk, read-only filesystem, no permission) into a one-line PathError.
 
     The atomic writers have removed their temporaries by the time this sees the error, so
     nothing half-written is left; the message names the output, the file that failed and the
@@ -386,29 +304,28 @@ def write_errors(output: str, option: str = "--output") -> Iterator[None]:
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
-        raise _write_error(option, output, e.filename or output, e.strerror, e,
+        raise _write_error(output, e.filename or output, e.strerror, e,
                            e.errno in (errno.ENOSPC, errno.EDQUOT)) from None
     except _TF_WRITE_ERRORS as e:
-        raise _write_error(option, output, None, e.message, e, isinstance(e, _TF_WRITE_ERRORS[0])) from None
+        raise _write_error(output, None, e.message, e, isinstance(e, _TF_WRITE_ERRORS[0])) from None
     except ValueError as e:
         match = _TENSORSTORE_WRITE_FAILURE.search(str(e))
         if match is None:
             raise
         code = int(match.group(2))
-        raise _write_error(option, output, match.group(1), os.strerror(code), e, code == errno.ENOSPC) from None
+        raise _write_error(output, match.group(1), os.strerror(code), e, code == errno.ENOSPC) from None
 
 
 _TENSORSTORE_WRITE_FAILURE = re.compile(r"Failed writing: \"([^\"]+)\".*\[os_error_code='(\d+)'\]", re.DOTALL)
 _NEEDED = "pmi_jax_space_needed"  # the attribute `needs_space` sets on an error it lets through
 
 
-def _write_error(option: str, output: str, filename: str | None, reason: str, error: BaseException,
-                 full: bool) -> UserInputError:
+def _write_error(output: str, filename: str | None, reason: str, error: BaseException, full: bool) -> PathError:
     what = f" {filename}" if filename else ""
     if not full:
-        return UserInputError(f"{option} {output}: cannot write{what} ({reason})")
-    return UserInputError(f"{option} {output}: cannot write{what} ({reason}{_space(output, error)}); make room "
-                          "and rerun the same command")
+        return PathError(output, f"cannot write{what} ({reason})")
+    return PathError(output, f"cannot write{what} ({reason}{_space(output, error)}); make room and rerun the same "
+                     "command")
 
 
 @contextlib.contextmanager

@@ -170,3 +170,30 @@ def test_data_dump_into_a_prepared_corpus_is_refused(tmp_path, capsys):
                                  "--output", str(corpus / "dump.jsonl")]),
                    f"--output {corpus / 'dump.jsonl'}: lies inside the input --data {corpus}")
     assert _digest(tmp_path) == before
+
+
+def test_a_path_error_is_worded_by_the_flag_that_gave_the_path(tmp_path, monkeypatch):
+    """The library raises PathError with the path alone; the command names the flag that gave it:
+    an output first, then any flag with that value, then the output a derived path lies under."""
+    import pickle
+
+    from pmi_jax.errors import OutputExists, PathError
+
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["eval", "finetune", "--checkpoint", "run", "--task", "glue/rte",
+                                      "--data", "glue", "--output", "out/", "--overwrite"])
+    assert io_flags.worded(OutputExists("out"), args) == "--output out: already exists (pass --overwrite to replace it)"
+    absolute = str(tmp_path / "out")
+    assert io_flags.worded(PathError(absolute, "is a file"), args) == f"--output {absolute}: is a file"
+    assert io_flags.worded(PathError("out/step2", "cannot write"), args) == "--output out/step2: cannot write"
+    assert io_flags.worded(PathError("glue", "is empty"), args) == "--data glue: is empty"
+    assert io_flags.worded(PathError("elsewhere", "is odd"), args) == "elsewhere: is odd"  # no flag gave it
+    assert io_flags.worded(PathError("run/eval", "cannot write", "--checkpoint run: its results folder"), args) == \
+        "--checkpoint run: its results folder run/eval: cannot write"  # a caller's own name wins
+    assert io_flags.worded(UserInputError("--seed x: bad"), args) == "--seed x: bad"
+    train = build_parser().parse_args(["train", "--config", "tiny", "--data", "synthetic", "--workdir", "w"])
+    assert io_flags.worded(PathError("w", "cannot write in w (Read-only file system)"), train) == \
+        "--workdir w: cannot write in w (Read-only file system)"
+    assert io_flags.worded(OutputExists("w"), train) == "--workdir w: already exists"  # train has no --overwrite
+    again = pickle.loads(pickle.dumps(OutputExists("out")))  # as from a worker process
+    assert type(again) is OutputExists and io_flags.worded(again, args).startswith("--output out: already exists (")

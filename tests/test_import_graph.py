@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -152,6 +153,53 @@ def test_a_violation_is_reported_with_its_line(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "pmi_jax.bad", bad)
     assert _violations(["pmi_jax.bad"], lambda m, t: not _within(t, PREPROCESS)) == [
         f"bad.py:5 imports {PREPROCESS}.vocab.build_vocab"]
+
+
+def string_literals(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal of a module, docstrings left out (they may cite a flag)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree) if isinstance(node, documented) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z]")  # a command-line flag, as in "--output DIR"
+
+
+def flag_wording(modules) -> list[str]:
+    return [f"{_shown(MODULES[m])}:{line} {text!r}" for m in modules for line, text in string_literals(MODULES[m])
+            if FLAG.search(text)]
+
+
+def test_storage_has_no_command_line_wording():
+    """storage.py, the bottom floor, raises PathError (the path, what is wrong); the command that took
+    the path names its flag (pmi_jax/cli/io_flags.py, `worded`)."""
+    bad = flag_wording(["pmi_jax.storage"])
+    assert not bad, "pmi_jax/storage.py words a flag; raise errors.PathError and let the command word it:\n" + \
+        "\n".join(bad)
+
+
+def test_flag_wording_is_found(tmp_path, monkeypatch):
+    wordy = tmp_path / "wordy.py"
+    wordy.write_text('"""Pass --overwrite."""\n\n\ndef f(x):\n    """--output, in a docstring."""\n'
+                     '    return f"--output {x}: exists", "a -- b", "x--y"\n')
+    monkeypatch.setitem(MODULES, "pmi_jax.wordy", wordy)
+    assert flag_wording(["pmi_jax.wordy"]) == ["wordy.py:6 '--output '"]
+
+
+RUN_NAMES = ("checkpoints", "tensorboard", "metrics.jsonl")  # what `train` writes in a run directory
+
+
+def test_the_run_directory_layout_is_named_in_formats_run_dir_only():
+    """The library and preprocess/ spell a run's folders and files only in formats/run_dir.py; everyone
+    else (storage's output checks included) asks it (`run_dir.is_run`, `check_output_apart`)."""
+    assert {text for _, text in string_literals(MODULES["pmi_jax.formats.run_dir"])} >= set(RUN_NAMES)
+    others = [m for m in MODULES if not _within(m, "pmi_jax.cli") and m != "pmi_jax.formats.run_dir"]
+    bad = [f"{_shown(MODULES[m])}:{line} {text!r}" for m in others for line, text in string_literals(MODULES[m])
+           if text in RUN_NAMES]
+    assert not bad, "a run directory's names outside pmi_jax/formats/run_dir.py:\n" + "\n".join(bad)
 
 
 def test_statistics_live_in_one_module_that_eval_and_compare_share():

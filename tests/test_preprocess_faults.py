@@ -487,7 +487,7 @@ def test_an_old_output_set_aside_is_never_deleted_unseen(corpus, tmp_path, caplo
     work = tmp_path / f".vocab.tmp-work-0123456789ab-{dead}-{host}"
     work.mkdir()
     assert _vocab_build([corpus / "good.txt"], output) == 0
-    assert f"{output}: kept {older}, which may hold an earlier output that an interrupted --overwrite moved aside; " \
+    assert f"{output}: kept {older}, which may hold an earlier output that an interrupted overwrite moved aside; " \
            "look inside, then move it back or delete it" in caplog.text
     assert caplog.text.count(f"kept {older}") == 1
     assert vocabulary(older) == old and vocabulary(output) == old and not work.exists()

@@ -39,16 +39,17 @@ def test_atomic_directory(tmp_path):
 
 def test_an_existing_output_is_refused_before_any_work_unless_overwritten(tmp_path, capsys):
     from pmi_jax.cli import main
-    from pmi_jax.errors import UserInputError
+    from pmi_jax.errors import OutputExists, PathError
 
     existing = tmp_path / "out"
     existing.mkdir()
-    with pytest.raises(UserInputError, match=rf"^--output {existing}: already exists \(pass --overwrite"):
-        storage.check_new_output(str(existing), overwrite=False, directory=True)
-    storage.check_new_output(str(existing), overwrite=True, directory=True)
-    storage.check_new_output(str(tmp_path / "new"), overwrite=False, directory=True)
-    with pytest.raises(UserInputError, match="is a directory; name a file"):  # a file output
-        storage.check_new_output(str(existing), overwrite=True)
+    with pytest.raises(OutputExists) as raised:  # storage names the path; the command names the flag
+        storage.check_writable(str(existing), overwrite=False, directory=True)
+    assert (raised.value.path, str(raised.value)) == (str(existing), f"{existing}: already exists")
+    storage.check_writable(str(existing), overwrite=True, directory=True)
+    storage.check_writable(str(tmp_path / "new"), overwrite=False, directory=True)
+    with pytest.raises(PathError, match="is a directory; name a file"):  # a file output
+        storage.check_writable(str(existing), overwrite=True)
     # The CLI commands that write an --output share the check and its one-line error.
     assert main(["demo-corpus", "--output", str(existing)]) == 2
     assert capsys.readouterr().err.endswith(f"--output {existing}: already exists (pass --overwrite to replace it)\n")

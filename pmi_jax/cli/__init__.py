@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         io_flags.check_apart(args)
         status = args.func(args)
     except UserInputError as e:
-        print(f"pmi-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"pmi-jax {args.command}: error: {io_flags.worded(e, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pmi-jax {args.command}: interrupted", file=sys.stderr)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import io_flags, text_input
+from pmi_jax.cli import config_flags, io_flags, text_input
 from pmi_jax.cli.defaults import LibraryDefault, value_of
 from pmi_jax.preprocess.beam import beam_options
-
-
-def _config(field: str) -> LibraryDefault:
-    return LibraryDefault("pmi_jax.preprocess.corpus.prepare", "PrepareConfig", field)
+from pmi_jax.preprocess.corpus.prepare_config import PrepareConfig
 
 
 def add_parser(subparsers) -> None:
@@ -32,43 +29,9 @@ def _add_prepare(commands) -> None:
         "into sequences and write train/validation shards. The same inputs and seed give byte-identical "
         "files; a rerun after an interruption finishes the missing shards.")
     text_input.add_input_flags(p, "data directory to write (local or gs://)")
-    wp = p.add_mutually_exclusive_group()
-    io_flags.reads(wp.add_argument("--wordpiece", metavar="VOCAB_TXT",
-                    help="an existing BERT vocab.txt (uncased; [PAD] on line 1, with [UNK] [CLS] [SEP] [MASK]); "
-                    "without it an uncased vocabulary is trained on the corpus"))
-    wp.add_argument("--wordpiece-size", type=int, default=_config("wordpiece_size"), metavar="N",
-                    help="size of the trained vocabulary, special tokens included (default %(default)s; a small "
-                    "corpus yields fewer: pieces seen under 10 times are left out)")
-    p.add_argument("--wordpiece-sample-words", type=int, default=0, metavar="N",
-                   help="train the WordPiece vocabulary on a seeded sample of whole documents of about N "
-                   "whitespace-separated words, the sample `vocab build --sample-words` draws (default 0: the "
-                   "whole corpus)")
-    p.add_argument("--wordpiece-sample-seed", type=int, default=0, metavar="S",
-                   help="seed of --wordpiece-sample-words' draw (default 0)")
-    text_input.add_tokenizer_flags(p, wp)
-    io_flags.reads(p.add_argument("--units", action="append", default=[], metavar="NAME=VOCAB",
-                   help="a masking vocabulary: a `pmi-jax vocab build` directory or a file with one n-gram per "
-                   "line; writes the feature units_NAME. Repeat for several (e.g. pmi=... naive_pmi=... "
-                   "frequency=...)"), named=True)
-    p.add_argument("--seq-len", type=int, default=_config("seq_len"),
-                   help="tokens per sequence including [CLS] and [SEP] (default %(default)s, at least 8, at most "
-                   "the longest max_position_embeddings of the configs in configs/)")
-    p.add_argument("--validation-fraction", type=float, default=_config("validation_fraction"), metavar="F",
-                   help="fraction of documents held out as the validation split: each document with this "
-                   "probability, drawn from --seed and a hash of its text (default %(default)s; 0 for none)")
-    p.add_argument("--shards", type=int, default=0, metavar="N",
-                   help="train shards; validation gets ceil(N * F). Default 0: one train shard per 32 MiB of "
-                   "input files, at least 4")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seeds the validation choice and the choice between overlapping vocabulary entries "
-                   "(default %(default)s)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes counting words, training the WordPiece vocabulary and writing shards; "
-                   "does not change the output (default %(default)s)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the files of a different configuration found in --output (a rerun of the "
-                   "same configuration needs none: it checks the shards and rewrites what is missing)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    vocabulary = ("wordpiece", "wordpiece_size")  # the flags of PrepareConfig's fields, help included
+    text_input.add_tokenizer_flags(p, config_flags.add_flags(p, PrepareConfig, only=vocabulary)["vocabulary"])
+    config_flags.add_flags(p, PrepareConfig, skip=vocabulary)
     beam_options.add_pipeline_arguments(p)
     io_flags.beam_flags(p)
     p.set_defaults(func=run_prepare)
@@ -131,15 +94,10 @@ def _parse_units(values: list[str]) -> tuple[tuple[str, str], ...]:
 def run_prepare(args: argparse.Namespace) -> int:
     from pmi_jax import storage
     from pmi_jax.config import check_trainable_seq_len
-    from pmi_jax.preprocess.corpus.prepare import PrepareConfig, prepare
+    from pmi_jax.preprocess.corpus.prepare import prepare
 
-    config = PrepareConfig(
-        inputs=tuple(args.input), output=args.output, wordpiece=args.wordpiece,
-        wordpiece_size=value_of(args.wordpiece_size), wordpiece_sample_words=args.wordpiece_sample_words,
-        wordpiece_sample_seed=args.wordpiece_sample_seed, units=_parse_units(args.units), seq_len=value_of(args.seq_len),
-        validation_fraction=value_of(args.validation_fraction), shards=args.shards, seed=args.seed,
-        workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress,
-        text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased)
+    config = PrepareConfig(**{**config_flags.values(args, PrepareConfig), "inputs": tuple(args.input),
+                              "units": _parse_units(args.units)})
     check_trainable_seq_len(config.seq_len)
     with storage.write_errors(args.output):
         if args.runner:
@@ -166,7 +124,7 @@ def run_informask(args: argparse.Namespace) -> int:
 
     options = InformaskOptions(window=value_of(args.window), candidates=value_of(args.candidates),
                                min_pair_count=value_of(args.min_pair_count), seed=value_of(args.seed))
-    with storage.write_errors(args.data_dir, "DIR"):
+    with storage.write_errors(args.data_dir):
         stats = build_rates(args.data_dir, options, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"{stats['sequences']} sequences, {stats['tokens']} tokens, {stats['pairs']} window pairs "
           f"({stats['distinct_pairs']} distinct); {stats['rates_of']} token ids seen")

@@ -75,11 +75,12 @@ def _request(args: argparse.Namespace):
 
 
 def run_dump(args: argparse.Namespace) -> int:
-    from pmi_jax import paths, storage
+    from pmi_jax import paths
+    from pmi_jax.formats import run_dir
     from pmi_jax.masked_examples import dump
 
     output = paths.absolute(args.output)
-    storage.check_new_output(output, args.overwrite)
+    run_dir.check_new_output(output, args.overwrite)
     count = dump(_request(args), output)
     print(f"wrote {count} {args.scheme} examples (mask rate {args.mask_rate:g}) to {output}")
     return 0

@@ -25,9 +25,10 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pmi_jax import storage
+    from pmi_jax.formats import run_dir
     from pmi_jax.preprocess.text.demo_corpus import iter_demo_documents, iter_installed_documents
 
-    storage.check_new_output(args.output, args.overwrite, directory=True)
+    run_dir.check_new_output(args.output, args.overwrite, directory=True)
     count = 0
     with storage.write_errors(args.output), storage.atomic_directory(args.output, overwrite=True) as tmp:
         with storage.gfile.GFile(storage.join(tmp, "stdlib_docs.txt"), "w") as f:

@@ -207,7 +207,6 @@ def _checkpoints(checkpoint: str, steps: str | None) -> list[str]:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
-    from pmi_jax import storage
     from pmi_jax.eval.run_eval import PerplexityRequest, perplexity_of_checkpoints
 
     positions = None if args.positions == "all" else _parse_positions(args.positions)
@@ -217,7 +216,9 @@ def run_perplexity(args: argparse.Namespace) -> int:
         raise UserInputError(f"--spacing {args.spacing}: must be 0 (one unit per copy) or positive")
     _absolute_paths(args)
     if args.output:
-        storage.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
+        from pmi_jax.formats import run_dir
+
+        run_dir.check_new_output(args.output, args.overwrite, inputs=_inputs(args))
     quiet.quiet_checkpoint_reads()
     request = PerplexityRequest(data=args.data, split=args.split, units=tuple(dict.fromkeys(args.unit or ["token"])),
                                 positions=positions, seed=args.seed, max_sequences=args.max_sequences,

@@ -7,7 +7,8 @@ command does anything: no output may be, hold or lie inside an input (whatever f
 either), and a file output's directory must exist. So `--plot` over `--labels`, `--output`
 over `--hf-model` or into a prepared corpus are one line and exit 2, not lost files
 (docs/reliability.md). tests/test_cli_io_flags.py walks every parser, so a new path flag
-that is not marked fails the suite.
+that is not marked fails the suite. The library reports a bad path without its flag (PathError);
+`worded` finds the flag that gave the path and words the line.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 from typing import Iterator
 
 from pmi_jax import paths
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import OutputExists, PathError, UserInputError
 
 ROLE = "pmi_jax_role"  # the attribute a marked argparse Action carries
 INPUT, INPUT_NAMED, OUTPUT_FILE, OUTPUT_DIR, RUN, SCRATCH = (
@@ -121,7 +122,7 @@ def flags_of(args: argparse.Namespace, roles: tuple[str, ...]) -> list[tuple[str
 
 def check_apart(args: argparse.Namespace) -> None:
     """The rule for every command, before it reads or writes anything: no output is, holds or lies
-    inside an input, a training run or a run's records (`pmi_jax.storage.check_output_apart`,
+    inside an input, a training run or a run's records (`pmi_jax.formats.run_dir.check_output_apart`,
     which also keeps what a command derives apart); a file output's directory exists; a run
     directory is not inside an input other than a run."""
     inputs = [(option, path) for dest, option, role in getattr(args, "io_flags", ()) if role in (INPUT, INPUT_NAMED)
@@ -133,10 +134,13 @@ def check_apart(args: argparse.Namespace) -> None:
                                  "another")
     outputs = flags_of(args, OUTPUTS)
     if outputs:
-        from pmi_jax import storage
+        from pmi_jax.formats import run_dir
 
         for option, output in outputs:
-            storage.check_output_apart(paths.absolute(output), inputs, option)
+            try:
+                run_dir.check_output_apart(paths.absolute(output), inputs)
+            except PathError as e:
+                raise e.named(option) from None
     for option, workdir in flags_of(args, (RUN,)):
         _check_run_directory(option, workdir, inputs)
 
@@ -145,9 +149,41 @@ def _check_run_directory(option: str, workdir: str, inputs: list[tuple[str, str]
     if not inputs:
         return
     from pmi_jax import storage  # only with inputs to compare: `train --data synthetic` loads no TensorFlow
+    from pmi_jax.formats import run_dir
 
     for source_option, source in inputs:
         if storage.is_inside(workdir if paths.is_url(workdir) else paths.absolute(workdir), source) and \
-                not storage.is_run(source):
+                not run_dir.is_run(source):
             raise UserInputError(f"{option} {workdir}: lies inside the input {source_option} {source}, which is not "
                                  "this command's to change; name another run directory")
+
+
+def worded(error: UserInputError, args: argparse.Namespace) -> str:
+    """The one line a command prints for `error`: a PathError's path named by the flag that gave
+    it (an output, or a path written under an output, by the output's flag), and an existing
+    output's fix in this command's words."""
+    if not isinstance(error, PathError):
+        return str(error)
+    fix = " (pass --overwrite to replace it)" if isinstance(error, OutputExists) and hasattr(args, "overwrite") else ""
+    return error.line(error.name or _flag_of(error.path, args), fix)
+
+
+def _flag_of(path: str, args: argparse.Namespace) -> str | None:
+    """The flag whose value is `path` (outputs and run directories first), else the output flag
+    under whose value `path` lies (eval finetune's OUTPUT/step<N>), else None."""
+    def same(value: str) -> bool:
+        return paths.absolute(value).rstrip("/") == paths.absolute(path).rstrip("/")
+
+    marked = getattr(args, "io_flags", ())
+    written = [(option, value) for dest, option, role in marked if role in (*OUTPUTS, RUN)
+               for value in _values(getattr(args, dest, None))]
+    every = [(option, value) for dest, option in getattr(args, "io_options", {}).items()
+             for value in _values(getattr(args, dest, None))]
+    for option, value in [*written, *every]:
+        if same(value):
+            return option
+    below = paths.absolute(path).rstrip("/")
+    for option, value in written:
+        if below.startswith(paths.absolute(value).rstrip("/") + "/"):
+            return option
+    return None

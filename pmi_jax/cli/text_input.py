@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pmi_jax.cli import io_flags
+from pmi_jax.formats.text import DEFAULT_TEXT_FIELD
 
 
 def add_input_flags(parser: argparse.ArgumentParser, output_help: str) -> None:
@@ -14,7 +15,7 @@ def add_input_flags(parser: argparse.ArgumentParser, output_help: str) -> None:
         "--input", nargs="+", required=True, metavar="PATTERN",
         help="text files (documents separated by blank lines), .jsonl (optionally .gz), .parquet, .arrow, or a "
         "directory saved by Hugging Face datasets' save_to_disk; paths, globs or directories, local or gs://"))
-    parser.add_argument("--text-field", default="text", metavar="NAME",
+    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, metavar="NAME",
                         help="the field holding each document in JSON lines, Parquet and Arrow inputs "
                         "(default %(default)s)")
     io_flags.writes(parser.add_argument("--output", required=True, metavar="DIR", help=output_help), directory=True)

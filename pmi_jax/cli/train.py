@@ -118,10 +118,10 @@ def run(args) -> int:
         raise UserInputError("--workdir is required (the run directory)")
     from pmi_jax import storage
 
-    storage.check_writable_directory(args.workdir, f"--workdir {args.workdir}")
+    storage.check_writable_directory(args.workdir)
     distributed = experiment.Distributed(args.coordinator_address, args.num_processes, args.process_id)
     try:
-        with storage.write_errors(args.workdir, "--workdir"):  # a full disk: one line naming the file
+        with storage.write_errors(args.workdir):  # a full disk: one line naming the file
             result = experiment.pretrain(spec, args.workdir, distributed,
                                          progress=not args.no_progress and sys.stderr.isatty())
     except train.NonFiniteLoss as e:

@@ -10,6 +10,7 @@ from pmi_jax import storage
 from pmi_jax.compare import paper_tables, perplexity_tables, plots, report
 from pmi_jax.compare.runs import read_finetune_result, read_run
 from pmi_jax.errors import UserInputError
+from pmi_jax.formats import run_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Written:
 def write_report(run_dirs: list[str], output: str, *, released: list[str] = (), split: str | None = None,
                  overwrite: bool = False) -> Written:
     """Compare `run_dirs` into OUTPUT/report.md and its plots (written whole, then renamed)."""
-    storage.check_new_output(output, overwrite, directory=True, inputs=[("RUN_DIR", r) for r in run_dirs])
+    run_dir.check_new_output(output, overwrite, directory=True, inputs=[("RUN_DIR", r) for r in run_dirs])
     if len(set(r.rstrip("/") for r in run_dirs)) != len(run_dirs):
         raise UserInputError("RUN_DIR: a run is named twice")
     runs = [read_run(path) for path in run_dirs]

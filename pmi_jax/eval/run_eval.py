@@ -97,7 +97,7 @@ def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> I
                              "and one --unit")
     for run in sorted({run_dir.run_dir_of(path) for path in paths}):  # the result is always filed there
         folder = run_dir.eval_dir(run)
-        storage.check_writable_directory(folder, f"--checkpoint {run}: its results folder {folder}")
+        storage.check_writable_directory(folder, f"--checkpoint {run}: its results folder")
     for path in paths:
         for unit in request.units:
             if request.skip_existing:
@@ -154,7 +154,7 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
     task, settings, many = request.task, request.settings, len(paths) > 1
     if many:  # every output checked before hours of fine-tuning, not after
         for path in paths:
-            storage.check_new_output(finetune_output(request, path, os.path.basename(path), many), request.overwrite,
+            run_dir.check_new_output(finetune_output(request, path, os.path.basename(path), many), request.overwrite,
                                      directory=True, inputs=request.inputs)
     encoded, examples, wordpiece, max_seq_len = {}, {}, None, None
     for path in paths:
@@ -165,7 +165,7 @@ def finetune_checkpoints(paths: list[str], request: FinetuneRequest) -> Iterator
             vocab = run_dir.vocabulary_for(metadata, path, config.vocab_size, vocab=request.vocab)
         step = metadata.step
         output = finetune_output(request, path, step, many)
-        storage.check_new_output(output, request.overwrite, directory=True,
+        run_dir.check_new_output(output, request.overwrite, directory=True,
                                  inputs=[*request.inputs, ("the checkpoint's corpus", metadata.data_dir)])
         if wordpiece is None:  # every checkpoint of a run shares its vocabulary: encode once
             wordpiece = _text_vocabulary(path, metadata, vocab, request)

@@ -5,6 +5,9 @@ share, so that no reader re-types a path or a metadata key (docs/design.md, "Run
     RUN/tensorboard/metrics.jsonl                     MetricWriter writes, read_metrics reads
     RUN/eval/perplexity-<split>[-<unit>]-step<N>.json perplexity_result_path (contents: perplexity_result)
     RUN/eval/<task>-<protocol>-step<N>/results.json   finetune_result_dir
+
+From that layout, the rule every writer keeps: no output may hold or lie inside an input, a run
+or a run's records (`check_output_apart`, `check_new_output`).
 """
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from pmi_jax import storage
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import PathError, UserInputError
 
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
@@ -126,6 +129,85 @@ def perplexity_result_path(run: str, split: str, step, unit: str = "token") -> s
 def finetune_result_dir(run: str, task: str, protocol: str, step) -> str:
     """Task names with "/" are written with "-", e.g. eval/glue-rte-checkpoint-step2000."""
     return storage.join(eval_dir(run), f"{task.replace('/', '-')}-{protocol}-step{step}")
+
+
+# --------------------------------------------------------------------------------------
+# What no output may touch
+# --------------------------------------------------------------------------------------
+
+_RUN_SEARCH_LIMIT = 10_000  # directories looked at below an output before giving up the search
+
+
+def is_run(directory: str) -> bool:
+    """What makes a directory a training run: `train` writes its checkpoints or its metrics there."""
+    return storage.gfile.isdir(storage.join(directory, CHECKPOINT_DIR)) or storage.gfile.exists(
+        metrics_path(directory))
+
+
+def _run_at_or_below(path: str) -> str | None:
+    """A training run that `path` is or holds, if any (the first found; the search is bounded)."""
+    if not storage.gfile.isdir(path):
+        return None
+    for count, (directory, _, _) in enumerate(storage.gfile.walk(path)):
+        if is_run(directory):
+            return directory.rstrip("/")
+        if count >= _RUN_SEARCH_LIMIT:
+            break
+    return None
+
+
+def _run_holding(path: str) -> str | None:
+    """The run in whose records (checkpoints/, tensorboard/) `path` lies, if any."""
+    path = path.rstrip("/") if not storage.is_local(path) else os.path.abspath(path)
+    parent, name = os.path.split(path)
+    while parent and parent != path:
+        if name in (CHECKPOINT_DIR, TENSORBOARD_DIR) and is_run(parent):
+            return parent
+        path, (parent, name) = parent, os.path.split(parent)
+    return None
+
+
+def check_output_apart(output: str, inputs: Iterable[tuple[str, str | None]] = ()) -> None:
+    """The library's rule for outputs: none may hold, or lie inside, an input or a training run.
+
+    Writing an output replaces it (`overwrite`, or a resumed run's sweep), so an output
+    directory that is or holds an input, or any run (its checkpoints, metrics, evaluations),
+    would destroy it; an output inside an input that is not a run (a corpus, a vocabulary)
+    would replace one of its files or add one its reader refuses; so would an output into a
+    run's checkpoints/ or tensorboard/, or over a run's whole eval/ folder. Inside a run, other
+    outputs may be written: eval/<result> is where the evaluation commands file (and refile)
+    their results, and an export kept beside the checkpoints is the user's own. `inputs` are
+    (name, path) pairs such as ("--checkpoint", "runs/a"), including those a command derives
+    (the checkpoint's corpus); the command line's own flags are checked once for every command
+    by pmi_jax/cli/io_flags.py. A PathError names `output`; the command names its flag.
+    """
+    for source_name, source in inputs:
+        if not source:
+            continue
+        if storage.is_inside(source, output):
+            what = "is" if storage.is_inside(output, source) else "holds"
+            raise PathError(output, f"{what} the input {source_name} {source}; write the output elsewhere")
+        if storage.is_inside(output, source) and not is_run(source):
+            raise PathError(output, f"lies inside the input {source_name} {source}, which is not this command's to "
+                            "change; write the output elsewhere")
+    run = _run_at_or_below(output)
+    if run is not None:
+        raise PathError(output, f"holds the training run {run}; write the output elsewhere")
+    run = _run_holding(output)
+    if run is not None:
+        raise PathError(output, f"lies inside the records of the training run {run}; write the output elsewhere")
+    parent, name = os.path.split(output.rstrip("/") if not storage.is_local(output) else os.path.abspath(output))
+    if name == EVAL_DIR and is_run(parent):
+        raise PathError(output, f"is the results folder of the training run {parent}; write the output elsewhere")
+
+
+def check_new_output(path: str, overwrite: bool, directory: bool = False,
+                     inputs: Iterable[tuple[str, str | None]] = ()) -> None:
+    """Refuse an output that may not or cannot be written, before any work starts: first
+    `check_output_apart` (no input, no run), then `storage.check_writable` (exists without
+    `overwrite`, a file for a directory, a place that takes no new file)."""
+    check_output_apart(path, inputs)
+    storage.check_writable(path, overwrite, directory)
 
 
 # --------------------------------------------------------------------------------------

@@ -5,12 +5,14 @@ UTF-8. A few invalid bytes in real text are replaced with U+FFFD and counted; a 
 bytes are mostly invalid is binary (random bytes: about 43% invalid; Latin-1 text read as
 UTF-8: a few percent). UTF-16 and UTF-32 are refused by their byte-order mark or their NUL
 bytes: read as UTF-8 their ASCII letters survive between NULs, so the invalid share misses
-them and every letter would become a word of its own.
+them and every letter would become a word of its own. A document of JSON lines, Parquet and
+Arrow is the text of DEFAULT_TEXT_FIELD unless the command is told another (--text-field).
 """
 from __future__ import annotations
 
 from pmi_jax.errors import UserInputError
 
+DEFAULT_TEXT_FIELD = "text"
 MAX_INVALID_FRACTION = 0.25
 WARN_INVALID_FRACTION = 0.001  # above this share of replaced bytes a file is named in a warning
 _WARNED: set[str] = set()  # files already named by that warning in this process

@@ -15,7 +15,6 @@ from pmi_jax.errors import UserInputError
 
 # Reserved tokens of a trained vocabulary, at ids 0..4 in this order; [PAD] must be id 0 in any.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-DEFAULT_SIZE = 30_522
 
 
 def vocab_sha256(tokens: Sequence[str]) -> str:

@@ -295,7 +295,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
                      pipeline_options=None) -> dict:
     """Run the Beam vocabulary build and return the stats it wrote (as `build_vocab.build_vocabulary`)."""
     from pmi_jax import storage
-    from pmi_jax.formats import masking_vocab
+    from pmi_jax.formats import masking_vocab, run_dir
     from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
     from pmi_jax.preprocess.text import hf_tokenizer
     from pmi_jax.preprocess.text.documents import check_output_apart, expand_inputs
@@ -303,7 +303,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     started = time.time()
     # The selection runs in one process: stats.json records workers=1.
     options = dataclasses.replace(options or VocabOptions(), workers=1).validated()
-    storage.check_new_output(output, overwrite, directory=True)
+    run_dir.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
     hf_tokenizer.select(options.tokenizer, options.cased)  # a bad --tokenizer fails here, before the pipeline

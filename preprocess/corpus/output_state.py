@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 from pmi_jax import storage
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats import informask_rates, prepared_corpus
+from pmi_jax.formats import informask_rates, prepared_corpus, run_dir
 from pmi_jax.preprocess.text import documents
 
 log = logging.getLogger("pmi_jax.preprocess.corpus.prepare")
@@ -47,7 +47,7 @@ def check_output_apart(config, files: Sequence[str]) -> None:
     or hold an --input file (--overwrite would delete it).
     """
     output = config.output.rstrip("/")
-    storage.check_new_output(output, overwrite=True, directory=True)
+    run_dir.check_new_output(output, overwrite=True, directory=True)
     documents.check_output_apart(config.inputs, files, output)
     if storage.gfile.isdir(output):
         foreign = sorted(n.rstrip("/") for n in storage.gfile.listdir(output) if not _is_ours(n))

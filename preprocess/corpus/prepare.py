@@ -31,6 +31,7 @@ from pmi_jax import storage
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
 from pmi_jax.preprocess.corpus import segmentation, wordpiece
+from pmi_jax.preprocess.corpus.prepare_config import PrepareConfig
 from pmi_jax.preprocess.corpus.output_state import (PROGRESS_DIR, check_output_apart, claim_output,  # noqa: F401
                                             close_run, is_done, progress_path, read_json, removed_unless_begun,
                                             write_json)
@@ -47,29 +48,7 @@ _AUTO_SHARD_BYTES = 32 * 2**20   # --shards 0: one train shard per this many byt
 _AUTO_MIN_SHARDS = 4
 _SPILL_CHARS = 32 * 2**20        # local routing: a file's documents are spilled in chunks of this much text
 _ROUTE_BATCH = 1024              # documents hashed and assigned at a time
-_DEFAULT_WORDPIECE_SIZE = wordpiece_vocab.DEFAULT_SIZE
 CORPUS_JSON = "corpus.json"      # in .progress/: what reading the corpus found (metadata.json's "corpus")
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-    inputs: tuple[str, ...]
-    output: str
-    wordpiece: str | None = None              # a BERT vocab.txt, or None to train one
-    wordpiece_size: int = _DEFAULT_WORDPIECE_SIZE
-    wordpiece_sample_words: int = 0           # > 0: train on a seeded document sample of about this many words
-    wordpiece_sample_seed: int = 0            # (preprocess/text/sample.py, as `vocab build --sample-words`)
-    units: tuple[tuple[str, str], ...] = ()   # (name, masking vocabulary dir or n-gram list)
-    seq_len: int = 512
-    validation_fraction: float = 0.01
-    shards: int = 0                           # train shards; 0 picks from the corpus size
-    seed: int = 0
-    workers: int = 1
-    overwrite: bool = False
-    progress: bool = True                     # progress bars on stderr
-    text_field: str = documents.DEFAULT_TEXT_FIELD  # the documents' field in JSON lines, Parquet and Arrow
-    tokenizer: str | None = None              # a tokenizer.json, or a vocab.txt (cased with `cased`)
-    cased: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from pmi_jax.errors import UserInputError
-from pmi_jax.formats.wordpiece_vocab import DEFAULT_SIZE, SPECIAL_TOKENS, check_bert_vocab
+from pmi_jax.formats.wordpiece_vocab import SPECIAL_TOKENS, check_bert_vocab
+from pmi_jax.preprocess.corpus.prepare_config import WORDPIECE_SIZE
 from pmi_jax.preprocess.corpus.wordpiece_learner import WordPieceLearner
 from pmi_jax.preprocess.text.words import split_words_ragged
 
@@ -35,7 +36,7 @@ def count_words(document_batches: Iterable[Sequence[str]]) -> collections.Counte
     return counts
 
 
-def train_vocab(word_counts: collections.Counter, size: int = DEFAULT_SIZE, workers: int = 1) -> list[str]:
+def train_vocab(word_counts: collections.Counter, size: int = WORDPIECE_SIZE, workers: int = 1) -> list[str]:
     """An uncased WordPiece vocabulary of at most `size` tokens learned from word counts.
 
     The learner binary-searches the piece-frequency threshold that gives about `size` tokens.

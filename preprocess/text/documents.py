@@ -20,11 +20,11 @@ from typing import Iterable, Iterator, Sequence
 
 from pmi_jax.errors import UserInputError
 from pmi_jax import storage
-from pmi_jax.formats import text as plain_text
+from pmi_jax.formats import run_dir, text as plain_text
 from pmi_jax.storage import gfile
 
 _GLOB_CHARS = set("*?[")
-DEFAULT_TEXT_FIELD = "text"
+DEFAULT_TEXT_FIELD = plain_text.DEFAULT_TEXT_FIELD
 _ROWS_PER_READ = 1024  # rows of a Parquet or Arrow file decoded at a time: bounded memory on any file
 _TALLY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("replaced_bytes", default=None)
 
@@ -112,7 +112,7 @@ def check_output_apart(inputs: Sequence[str], files: Sequence[str], output: str)
         if not _GLOB_CHARS & set(pattern) and gfile.isdir(pattern) and storage.is_inside(output, pattern):
             raise UserInputError(f"--output {output}: lies inside --input {pattern}, so a later run would read "
                                  "this output as input; write it elsewhere")
-    storage.check_output_apart(output, [("--input", path) for path in files])
+    run_dir.check_output_apart(output, [("--input", path) for path in files])
 
 
 class _GFileReader(io.RawIOBase):

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pmi_jax.errors import UserInputError
-from pmi_jax.formats import masking_vocab
+from pmi_jax.errors import OutputExists, UserInputError
+from pmi_jax.formats import masking_vocab, run_dir
 from pmi_jax.preprocess.text import documents
 from pmi_jax.preprocess.vocab import measures
 from pmi_jax.preprocess.vocab import vocab_selection
@@ -96,7 +96,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
 
     started = time.time()
     options = options.validated()
-    storage.check_new_output(output, overwrite, directory=True)
+    run_dir.check_new_output(output, overwrite, directory=True)
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
     tokenizer = hf_tokenizer.select(options.tokenizer, options.cased)
@@ -131,7 +131,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions =
         with storage.atomic_directory(output, overwrite=overwrite) as tmp:
             masking_vocab.write_vocabulary(tmp, vocab_lines, tsv_rows, stats)
     except FileExistsError:  # created by someone else while we counted
-        raise storage.existing_output_error(output)
+        raise OutputExists(output) from None
     return stats
 
 
