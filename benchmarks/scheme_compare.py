@@ -36,6 +36,9 @@ OUTPUT/<scheme>.tar.gz, repacked after each seed, so that a command stopped by i
 keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings; with
 `--cross-score`, also each checkpoint's MLM loss on every dumped scheme's validation batches
 (issue 32: is a scheme best on its own masks?).
+`cross-score RUN ... --batches F --step N` does the same for `pmi-jax train` runs of the dumped
+corpus (`dump --steps 1 --eval-batches 1 --batch V` holds the V validation sequences' masks of
+every scheme), a markdown table with the seed-aware intervals of `pmi_jax.intervals`.
 
 A run longer than one file goes in parts (benchmarks/README.md, "scheme_compare in parts"):
 `dump --start-step K` writes steps K.., and `run --total-steps T --runs DIR --keep-newest-state`

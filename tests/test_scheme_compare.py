@@ -306,7 +306,8 @@ def test_cross_score_of_pmi_jax_train_runs_reproduces_their_validation_loss(dump
     proc = subprocess.run([sys.executable, SCRIPT, "cross-score", *map(str, runs), "--batches", out, "--step", "2",
                            "--output", str(table)], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table.read_text().splitlines()
+    means = table.read_text().split("| scored on |")[0]  # the first table: trained scheme x scored scheme
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in means.splitlines()
             if line.startswith("| random_")}
     assert sorted(rows) == ["random_span", "random_token"]
     assert all(len(cells) == len(SCHEMES) for cells in rows.values())
