@@ -7,7 +7,7 @@ made with another Python is rebuilt.
 
     python3 dev.py demo    # the whole pipeline on a small offline corpus
     python3 dev.py test    # the test suite
-    python3 dev.py effect [DIR] [--schemes S ...]   # the CPU scheme comparison (hours; rerun to finish it)
+    python3 dev.py effect [DIR] [--schemes S ...] [--steps N] [--seeds K] [--vocab-size V] [--validation-fraction F]   # the CPU scheme comparison (hours; rerun to finish it)
 
 The virtual environment is rebuilt only when setup.py or constraints.txt change.
 """
@@ -183,7 +183,8 @@ def run_together(*commands: list[str]) -> None:
             raise subprocess.CalledProcessError(code, argv)
 
 
-def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES) -> None:
+def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES, steps: int | None = None,
+           seeds: tuple[int, ...] = EFFECT_SEEDS, vocab_size: int = 30000, validation: float = 0.01) -> None:
     """The CPU comparison of docs/experiments.md ("The comparison on CPU"), resumable step by step.
 
     Every step is a plain `pmi-jax` call and each is skipped or resumed when its output is
@@ -193,14 +194,23 @@ def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES) -> None:
     corpus carries a second unit set (a naive-pmi vocabulary): that is another prepared corpus,
     so it and every run on it live in DIR/data+naive_pmi and DIR/runs+naive_pmi, apart from the
     default's DIR/data and DIR/runs (`compare` compares runs of one corpus only).
+    `steps` shortens every run (the schedule's warm-up a tenth of it, a checkpoint at its half
+    and end, as in the config's 4,000): a comparison that fits a shared machine's hour, in a DIR
+    of its own, since a run resumed under another schedule is refused. A DIR/text written
+    beforehand is the corpus (e.g. `pmi-jax demo-corpus` without --installed, with a smaller
+    `vocab_size`: on a small corpus every frequent n-gram fits 30,000 and pmi and naive_pmi
+    would get the same units; and a larger `validation` share, so that the scored text is not
+    a few dozen sequences).
     """
     cli = str(BIN / "pmi-jax")
     out = pathlib.Path(root).resolve()
     config = ROOT / "configs" / "experiments" / "cpu_effect.py"
-    final_step = subprocess.run(
+    final_step = str(steps) if steps else subprocess.run(
         [str(BIN / "python"), "-c", "import runpy, sys; "
          "print(runpy.run_path(sys.argv[1])['get_config']().train.num_steps)", str(config)],
         cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    shorter = [arg for setting in (f"train.num_steps={steps}", f"optimizer.warmup_steps={steps // 10}",
+                                   f"checkpoint.every_steps={steps // 2}") for arg in ("--set", setting)] if steps else []
     if not (out / "text").is_dir():
         run(cli, "demo-corpus", "--installed", "--output", str(out / "text"))
     naive = "naive_pmi" in schemes
@@ -208,21 +218,21 @@ def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES) -> None:
     for unit_set, (name, measure) in vocabs.items():
         if not (out / name).is_dir():
             run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / name),
-                "--size", "30000", "--measure", measure, "--no-progress")
+                "--size", str(vocab_size), "--measure", measure, "--no-progress")
     suffix = "+naive_pmi" if naive else ""
     data = out / f"data{suffix}"
     run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(data),
         *[arg for unit_set, (name, _) in vocabs.items() for arg in ("--units", f"{unit_set}={out / name}")],
-        "--seq-len", "128", "--wordpiece-size", "8000", "--no-progress")
+        "--seq-len", "128", "--wordpiece-size", "8000", "--validation-fraction", str(validation), "--no-progress")
     pending, runs = [], []
-    for seed in EFFECT_SEEDS:
+    for seed in seeds:
         for scheme in schemes:
             run_dir = out / f"runs{suffix}" / f"{scheme}-seed{seed}"
             runs.append(str(run_dir))
             if not (run_dir / "checkpoints" / final_step).is_dir():
                 pending.append([cli, "train", "--config", str(config), "--data", str(data), "--scheme",
                                 scheme, "--workdir", str(run_dir), "--set", f"train.seed={seed}",
-                                "--set", f"data.seed={seed}", "--no-progress"])
+                                "--set", f"data.seed={seed}", *shorter, "--no-progress"])
     for pair in (pending[i:i + 2] for i in range(0, len(pending), 2)):
         run_together(*pair)
     units = [arg for unit in (*EFFECT_UNITS, *(["naive_pmi"] if naive else [])) for arg in ("--unit", unit)]
@@ -234,15 +244,26 @@ def effect(root: str, schemes: tuple[str, ...] = EFFECT_SCHEMES) -> None:
     print(f"\nThe comparison: {out / f'report{suffix}' / 'report.md'}", flush=True)
 
 
-def _effect_args(argv: list[str]) -> tuple[str, tuple[str, ...]]:
-    """effect [DIR] [--schemes S ...]: the schemes in Table 4's order, whatever order they are given."""
+def _effect_args(argv: list[str]) -> tuple[str, tuple[str, ...], int | None, tuple[int, ...], int, float]:
+    """effect [DIR] [--schemes S ...] [--steps N] [--seeds K] [--vocab-size V] [--validation-fraction F]:
+    the schemes in Table 4's order, whatever order they are given; seeds 0..K-1."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="dev.py effect")
     parser.add_argument("dir", nargs="?", default=str(ROOT / "effect"))
     parser.add_argument("--schemes", nargs="+", choices=EFFECT_CHOICES, default=list(EFFECT_SCHEMES))
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train this many steps instead of the config's 4,000 (at least 20, even)")
+    parser.add_argument("--seeds", type=int, default=len(EFFECT_SEEDS), help="training seeds per scheme")
+    parser.add_argument("--vocab-size", type=int, default=30000, help="n-grams per masking vocabulary")
+    parser.add_argument("--validation-fraction", type=float, default=0.01, help="documents held out")
     args = parser.parse_args(argv)
-    return args.dir, tuple(s for s in EFFECT_CHOICES if s in args.schemes)
+    if args.steps is not None and (args.steps < 20 or args.steps % 2):
+        parser.error(f"--steps {args.steps}: give an even number of at least 20 (checkpoints at its half and end)")
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: give at least 1")
+    return (args.dir, tuple(s for s in EFFECT_CHOICES if s in args.schemes), args.steps, tuple(range(args.seeds)),
+            args.vocab_size, args.validation_fraction)
 
 
 def test(pytest_args: list[str]) -> None:

@@ -36,6 +36,9 @@ OUTPUT/<scheme>.tar.gz, repacked after each seed, so that a command stopped by i
 keeps the runs it finished. OUTPUT/summary.json lists the perplexities and timings; with
 `--cross-score`, also each checkpoint's MLM loss on every dumped scheme's validation batches
 (issue 32: is a scheme best on its own masks?).
+`cross-score RUN ... --batches F --step N` does the same for `pmi-jax train` runs of the dumped
+corpus (`dump --steps 1 --eval-batches 1 --batch V` holds the V validation sequences' masks of
+every scheme), a markdown table with the seed-aware intervals of `pmi_jax.intervals`.
 
 A run longer than one file goes in parts (benchmarks/README.md, "scheme_compare in parts"):
 `dump --start-step K` writes steps K.., and `run --total-steps T --runs DIR --keep-newest-state`
@@ -279,28 +282,109 @@ def score_checkpoint(step_dir: str, held_out: dict, info: dict, args) -> list[di
     return reports
 
 
-def cross_scores(step_dir: str, config, validation_sets: dict) -> dict:
-    """{scheme: {"loss", "accuracy", "tokens"}}: one checkpoint's MLM loss (no dropout) on every
-    scheme's dumped validation batches, the trainer's own validation step (`make_validation_step`).
+def sequence_scores(model_config, params, config, validation_sets: dict) -> dict:
+    """{scheme: (NLL sum [N], correct [N], masked tokens [N])} per validation sequence: one
+    checkpoint's MLM loss (no dropout) on every scheme's validation batches, the trainer's own
+    validation step (`make_validation_step`) on each sequence alone, so that `pmi_jax.intervals`
+    can resample sequences.
 
     Issue 32: a scheme's runs scored on every scheme's masks show whether a scheme is best on its
     own masks (random_span on its spans) while last on single tokens.
     """
     import jax
 
-    from pmi_jax import checkpoints
     from pmi_jax.model import BertForMaskedLM, for_platform
     from pmi_jax.train import make_validation_step
 
-    model_config, params, _ = checkpoints.restore_for_eval(step_dir)
     model = BertForMaskedLM(for_platform(model_config, jax.devices()[0].platform))
-    step = jax.jit(make_validation_step(model, config))
+    one = make_validation_step(model, config)
+    step = jax.jit(jax.vmap(lambda p, row: one(p, jax.tree.map(lambda x: x[None], row)), in_axes=(None, 0)))
     scores = {}
     for scheme, arrays in validation_sets.items():
         sums = [step(params, {k: v[i] for k, v in arrays.items()}) for i in range(arrays["inputs"].shape[0])]
-        loss, correct, tokens = (float(np.sum(np.asarray(jax.device_get(x), np.float64))) for x in zip(*sums))
-        scores[scheme] = {"loss": loss / max(tokens, 1.0), "accuracy": correct / max(tokens, 1.0), "tokens": tokens}
+        scores[scheme] = tuple(np.concatenate([np.asarray(jax.device_get(x), np.float64) for x in column])
+                               for column in zip(*sums))
     return scores
+
+
+def cross_scores(step_dir: str, config, validation_sets: dict) -> dict:
+    """{scheme: {"loss", "accuracy", "tokens"}}: `sequence_scores` summed over the sequences."""
+    from pmi_jax import checkpoints
+
+    model_config, params, _ = checkpoints.restore_for_eval(step_dir)
+    scores = {}
+    for scheme, (loss_N, correct_N, tokens_N) in sequence_scores(model_config, params, config, validation_sets).items():
+        tokens = float(tokens_N.sum())
+        scores[scheme] = {"loss": loss_N.sum() / max(tokens, 1.0), "accuracy": correct_N.sum() / max(tokens, 1.0),
+                          "tokens": tokens}
+    return scores
+
+
+def cross_score(args) -> None:
+    """`pmi-jax train` runs of one corpus, each checkpoint at --step scored on every dumped scheme's
+    validation batches (`dump --steps 1 --eval-batches N` of the same corpus): mean MLM loss per
+    trained scheme and scored scheme, and per scored scheme every pair of trained schemes with
+    the seed-aware interval of `pmi_jax.intervals` (the same masked sequences for every run)."""
+    from pmi_jax import checkpoints, intervals, storage
+    from pmi_jax.config import DataConfig, ExperimentConfig
+    from pmi_jax.errors import UserInputError
+
+    npz = np.load(args.batches)
+    info = json.loads(npz["info"].tobytes())
+    if info.get("format") != FORMAT or not info.get("eval_batches"):
+        raise UserInputError(f"{args.batches}: not a format-{FORMAT} dump with validation batches: dump it again "
+                             "with --eval-batches above 0")
+    sets = {s: decode(npz, s + VALIDATION, info["eval_batches"], info["batch"], info["seq_len"], info["special_ids"])
+            for s in info["schemes"]}
+    sums, counts, seeds = {s: {} for s in sets}, {}, {}
+    for run in args.runs:
+        step_dir = os.path.join(checkpoints.checkpoint_dir(run), str(args.step))
+        model_config, params, metadata = checkpoints.restore_for_eval(step_dir)
+        if metadata.vocab_sha256 != info["vocab_sha256"]:
+            raise UserInputError(f"{run}: trained on another corpus than {args.batches} ({metadata.data_dir}); "
+                                 "dump the corpus the runs trained on")
+        rates = {k: v for k, v in metadata.config.get("data", {}).items()
+                 if k in ("mask_rate", "mask_rate_schedule", "mask_rate_end", "eval_mask_rate")}
+        config = ExperimentConfig(model=model_config, data=DataConfig(seq_len=metadata.seq_len, **rates))
+        for scored, (loss_N, _, tokens_N) in sequence_scores(model_config, params, config, sets).items():
+            sums[scored].setdefault(metadata.scheme, []).append(loss_N)
+            counts[scored] = tokens_N
+        seeds.setdefault(metadata.scheme, []).append(metadata.config.get("train", {}).get("seed"))
+        print(f"{run}: step {args.step} scored on " + ", ".join(sets), flush=True)
+    trained = [s for s in sets if s in seeds] + [s for s in seeds if s not in sets]
+    tables = {scored: intervals.compare_schemes({t: np.stack(sums[scored][t]) for t in trained}, counts[scored])
+              for scored in sets}
+    lines = [f"# Cross-scoring at step {args.step}", "",
+             f"Runs: {len(args.runs)} ({', '.join(f'{t}: seeds {seeds[t]}' for t in trained)}). Each run's checkpoint "
+             f"scored (MLM loss, no dropout, nats per masked token) on every scheme's {info['eval_batches']} "
+             f"validation batches of {info['batch']} sequences from `{args.batches}` (masked as `pmi-jax train` "
+             f"validates, with data seed {info['seed']}), the same masked sequences for every run. Cell: mean over the trained scheme's seeds, "
+             "95% seed-aware interval (`pmi_jax.intervals`: paired bootstrap over sequences plus each scheme's "
+             "seed variance, Welch). Bold: lowest in its column and separated from every other row.", "",
+             "| trained \\ scored on | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+    for t in trained:
+        cells = []
+        for scored, table in tables.items():
+            v = next(v for v in table.values if v.scheme == t).interval
+            cell = f"{v.estimate:.3f} [{v.low:.3f}, {v.high:.3f}]"
+            cells.append(f"**{cell}**" if table.best == t else cell)
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines += ["", "Each column's own scheme minus every other trained scheme (negative: the scheme is lower on its "
+              "own masks), 95% seed-aware interval, Welch degrees of freedom:", "",
+              "| scored on | own − other | difference | df | separated |", "|---|---|---:|---:|---|"]
+    for scored, table in tables.items():
+        for d in table.differences:
+            if d.first == scored:
+                i = d.interval
+                verdict = ("yes" if i.excludes_zero else "no") if d.seed_aware else "no (one seed: text only)"
+                lines.append(f"| {scored} | {d.first} − {d.second} | {i.estimate:+.3f} [{i.low:+.3f}, {i.high:+.3f}] "
+                             f"| {d.df:.1f} | {verdict} |")
+    pairs = sum(t.num_pairs for t in tables.values())
+    lines += ["", f"The tables make {pairs} pairwise comparisons ({len(tables)} columns of "
+              f"{len(trained) * (len(trained) - 1) // 2}), each at 95% and not corrected for multiplicity.", ""]
+    with storage.atomic_file(args.output) as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
 
 
 def _pack(workdirs: list[str], path: str) -> int:
@@ -497,6 +581,13 @@ def main(argv=None) -> None:
                    help="keep the newest checkpoint's state in --runs (never packed) so that the next part "
                         "of the dump resumes from it; leave it out in the last part")
     p.set_defaults(func=run)
+    p = commands.add_parser("cross-score", help="score `pmi-jax train` runs on every dumped scheme's validation "
+                                                "batches (issue 32: is each scheme best on its own masks?)")
+    p.add_argument("runs", nargs="+", help="training --workdirs of one corpus")
+    p.add_argument("--batches", required=True, help="a dump of that corpus with --eval-batches")
+    p.add_argument("--step", type=int, required=True, help="the checkpoint scored in every run")
+    p.add_argument("--output", required=True, help="the markdown table written")
+    p.set_defaults(func=cross_score)
     args = parser.parse_args(argv)
     from pmi_jax.errors import UserInputError
 

@@ -282,3 +282,37 @@ def test_a_run_in_parts_equals_the_run_in_one_go(dumped, no_tensorflow_path, tmp
         a, b = (perplexity_result.read(run_dir.perplexity_result_path(r, "validation", step))["scores"]["nll"]
                 for r in (in_one, in_parts))
         np.testing.assert_array_equal(a, b)
+
+
+def _train(data, scheme, workdir):
+    """A real `pmi-jax train` run of 2 steps whose validation is the dump's 2 batches of 8."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from pmi_jax.cli import main; sys.exit(main())",
+                           "train", "--config", "tiny", "--data", data, "--scheme", scheme, "--workdir", str(workdir),
+                           "--set", "train.num_steps=2", "--set", "train.batch_size=8", "--set", "train.eval_batches=2",
+                           "--set", "train.eval_every_steps=2", "--set", "checkpoint.every_steps=2", "--no-progress"],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cross_score_of_pmi_jax_train_runs_reproduces_their_validation_loss(dumped, tmp_path):
+    """`cross-score` on `pmi-jax train` runs of the dumped corpus: per-sequence losses that sum to
+    the trainer's own validation loss on the run's own scheme, every dumped scheme a column,
+    every trained scheme a row."""
+    _, data, out = dumped
+    runs = [tmp_path / "random_token-seed0", tmp_path / "random_span-seed0"]
+    for run, scheme in zip(runs, ["random_token", "random_span"]):
+        _train(data, scheme, run)
+    table = tmp_path / "cross.md"
+    proc = subprocess.run([sys.executable, SCRIPT, "cross-score", *map(str, runs), "--batches", out, "--step", "2",
+                           "--output", str(table)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    means = table.read_text().split("| scored on |")[0]  # the first table: trained scheme x scored scheme
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in means.splitlines()
+            if line.startswith("| random_")}
+    assert sorted(rows) == ["random_span", "random_token"]
+    assert all(len(cells) == len(SCHEMES) for cells in rows.values())
+    for run, scheme in zip(runs, ["random_token", "random_span"]):
+        validated = [json.loads(line)["validation_loss"] for line in open(run / "tensorboard" / "metrics.jsonl")
+                     if "validation_loss" in line]
+        own = float(rows[scheme][SCHEMES.index(scheme)].split(" [")[0].strip("* "))
+        assert own == pytest.approx(validated[-1], abs=1e-3)  # the table rounds to 3 decimals
