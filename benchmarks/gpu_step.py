@@ -277,7 +277,8 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     valid_BxL = jnp.arange(length)[None, :] < lengths_B[:, None]
     rng = jax.random.key(2)
     scale = k ** -0.5
-    dropout = Dropout(0.1, cpu_variant=device.platform == "cpu")  # as the model's, on this platform
+    # As the model's on this platform (`model.for_platform`): the XLA:CPU mask, 16-bit masks on GPUs.
+    dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "bits16"}.get(device.platform, "bernoulli"))
 
     def written(q, kk, v, rate):  # the model's own written-out attention
         drop = (lambda p: dropout.apply({}, p, deterministic=False, rngs={"dropout": rng})) if rate else (lambda p: p)
