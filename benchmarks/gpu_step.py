@@ -96,6 +96,8 @@ GPU_PLAN = (
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT),
     Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",)),
     Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
+    # The hidden dropouts' masks as before the 16-bit ones (one threefry block per element).
+    Variant("base-512-attn0-bernoulli", overrides=NO_ATTN_DROPOUT + ("model.dropout_mask=bernoulli",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
     Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
