@@ -133,7 +133,8 @@ class ModelConfig:
             raise UserInputError(f"model.max_predictions_per_seq={self.max_predictions_per_seq}: expected a "
                                  "positive count, 0 (derived from the length) or -1 (every position)")
         if self.dropout_mask not in DROPOUT_MASKS:
-            raise UserInputError(f"model.dropout_mask={self.dropout_mask!r}: expected one of {', '.join(DROPOUT_MASKS)}")
+            raise UserInputError(f"model.dropout_mask={self.dropout_mask!r}: expected one of "
+                                 f"{', '.join(DROPOUT_MASKS)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise UserInputError(f"model.attention={self.attention!r}: expected one of "
                                  f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
