@@ -96,6 +96,8 @@ GPU_PLAN = (
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT),
     Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",)),
     Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
+    # The hidden dropouts' masks as before the 16-bit ones (one threefry block per element).
+    Variant("base-512-attn0-bernoulli", overrides=NO_ATTN_DROPOUT + ("model.dropout_mask=bernoulli",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
     Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
@@ -277,7 +279,8 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     valid_BxL = jnp.arange(length)[None, :] < lengths_B[:, None]
     rng = jax.random.key(2)
     scale = k ** -0.5
-    dropout = Dropout(0.1, cpu_variant=device.platform == "cpu")  # as the model's, on this platform
+    # As the model's on this platform (`model.for_platform`): the XLA:CPU mask, 16-bit masks on GPUs.
+    dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "bits16"}.get(device.platform, "bernoulli"))
 
     def written(q, kk, v, rate):  # the model's own written-out attention
         drop = (lambda p: dropout.apply({}, p, deterministic=False, rngs={"dropout": rng})) if rate else (lambda p: p)

@@ -42,6 +42,7 @@ XLA_CPU_VARIANTS = ("cpu", "always", "never")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-interpret")
 PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
+DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
 GELUS = ("erf", "tanh")
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,12 @@ class ModelConfig:
     # the parameters stay three, so checkpoints and exports are unchanged. XLA does not merge the
     # three projections by itself on CPU or TPU (checked in the compiled HLO; benchmarks/README.md).
     fused_qkv: bool = False
+    # Hidden-dropout masks where the XLA:CPU variant is off: "bernoulli" (`jax.random.bernoulli`,
+    # one threefry block per element), "bits16" (16 bits per element, four elements per block;
+    # keep probability round(0.9 x 2^16) / 2^16 for dropout 0.1: `pmi_jax.model._keep_mask16`),
+    # or "auto": bits16 in GPU programs, bernoulli elsewhere (a TPU program is slower with
+    # bits16). Attention dropout stays bernoulli (benchmarks/README.md, "Dropout masks from 16 bits").
+    dropout_mask: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -125,6 +132,9 @@ class ModelConfig:
         if self.max_predictions_per_seq < -1:
             raise UserInputError(f"model.max_predictions_per_seq={self.max_predictions_per_seq}: expected a "
                                  "positive count, 0 (derived from the length) or -1 (every position)")
+        if self.dropout_mask not in DROPOUT_MASKS:
+            raise UserInputError(f"model.dropout_mask={self.dropout_mask!r}: expected one of "
+                                 f"{', '.join(DROPOUT_MASKS)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise UserInputError(f"model.attention={self.attention!r}: expected one of "
                                  f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")

@@ -97,6 +97,13 @@ def _gelu_bwd(form, x, g):
 _gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
+def _threefry_key_words(rng):
+    """The two 32-bit words of a threefry2x32 key (typed or raw), or None for another generator."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(rng) if "threefry" in str(jax.random.key_impl(rng)) else None
+    return rng if rng.shape == (2,) and jax.config.jax_default_prng_impl == "threefry2x32" else None
+
+
 def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
     """Bernoulli(keep_prob) of `shape`, using both 32-bit words of every threefry2x32 block.
 
@@ -111,34 +118,69 @@ def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
     the array is sharded. Falls back to `jax.random.bernoulli` for non-threefry keys, an
     odd last axis, and arrays of 2^33 elements or more (the counter is one 32-bit word).
     """
-    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        threefry = "threefry" in str(jax.random.key_impl(rng))
-        key_data = jax.random.key_data(rng) if threefry else None
-    else:
-        threefry = rng.shape == (2,) and jax.config.jax_default_prng_impl == "threefry2x32"
-        key_data = rng
+    key_words = _threefry_key_words(rng)
     half = (*shape[:-1], shape[-1] // 2)
-    if not threefry or shape[-1] % 2 or math.prod(half) >= 2**32:
+    if key_words is None or shape[-1] % 2 or math.prod(half) >= 2**32:
         return jax.random.bernoulli(rng, p=keep_prob, shape=shape)
     counter = jax.lax.iota(jnp.uint32, math.prod(half)).reshape(half)
-    bits1, bits2 = threefry2x32_p.bind(key_data[0], key_data[1], jnp.zeros_like(counter), counter)
+    bits1, bits2 = threefry2x32_p.bind(key_words[0], key_words[1], jnp.zeros_like(counter), counter)
     bits = jnp.stack([bits1, bits2], axis=-1).reshape(shape)
     uniform = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
     return uniform < keep_prob
 
 
+def keep_threshold16(keep_prob: float) -> int:
+    """The 16-bit threshold of `_keep_mask16`: an element is kept where its 16 bits are below it.
+
+    The realised keep probability is threshold / 2^16, within 2^-17 of keep_prob: for BERT's
+    dropout 0.1, 58982 / 65536 = 0.899993896484375 (a drop rate of 0.100006103515625).
+    """
+    return min(max(round(keep_prob * 2**16), 1), 2**16 - 1)
+
+
+def _keep_mask16(rng, keep_prob: float, shape) -> tuple[jax.Array, float]:
+    """(mask, realised keep probability): Bernoulli(threshold / 2^16) from 16 bits per element.
+
+    GPU programs' dropout. Every threefry2x32 block's two output words decide four elements,
+    one 16-bit half each, in the four quarters of the second-to-last axis, so a mask costs a
+    quarter of `jax.random.bernoulli`'s blocks (one per element). XLA:GPU computes the masks
+    before the forward pass (they depend only on the step's key) and writes them: here two
+    u32 words per four elements instead of one per element (benchmarks/README.md, "Dropout
+    masks from 16 bits"). The counters are element indices, so the mask does not depend on
+    sharding; same key, same mask (exact resume). Falls back to `jax.random.bernoulli` with
+    the same realised probability for non-threefry keys, a second-to-last axis not divisible
+    by 4, and 2^34 elements or more.
+    """
+    threshold = keep_threshold16(keep_prob)
+    realised = threshold / 2**16
+    key_words = _threefry_key_words(rng)
+    if key_words is None or len(shape) < 2 or shape[-2] % 4 or math.prod(shape) >= 2**34:
+        # threshold / 2^16 is a multiple of bernoulli's 2^-23 resolution: the same probability exactly.
+        return jax.random.bernoulli(rng, p=realised, shape=shape), realised
+    quarter = (*shape[:-2], shape[-2] // 4, shape[-1])
+    counter = jax.lax.iota(jnp.uint32, math.prod(quarter)).reshape(quarter)
+    word1, word2 = threefry2x32_p.bind(key_words[0], key_words[1], jnp.zeros_like(counter), counter)
+    low16 = jnp.uint32(0xFFFF)
+    # Row r of the mask takes quarter r // (rows / 4) of the words: whole rows, no interleaving
+    # along the last (TPU lane) axis.
+    halves = jnp.stack([word1 & low16, word1 >> 16, word2 & low16, word2 >> 16], axis=-3).reshape(shape)
+    return halves < jnp.uint32(threshold), realised
+
+
 class Dropout(nn.Dropout):
     """Inverted dropout like `nn.Dropout`; same rate, same RNG stream name.
 
-    With the XLA:CPU variants the mask comes from `_keep_mask` (half the random-number work of
-    flax's); without, it is the plain `jax.random.bernoulli`. Either way it is applied as
-    (inputs * mask) / keep_prob, the same numbers as flax's select between inputs / keep_prob
+    `mask` (settled by `_dropout` from the config): "cpu", the XLA:CPU variant `_keep_mask`
+    (half the random-number work of flax's); "bits16", `_keep_mask16` (16 bits per element,
+    GPU programs: fewer bytes; the keep probability is then `keep_threshold16`'s);
+    "bernoulli", `jax.random.bernoulli` (TPU programs). Either way it is applied as
+    (inputs * mask) / keep probability, the same numbers as flax's select between inputs / keep_prob
     and zero, but a plain elementwise product, which XLA fuses into the neighbouring matmul
     and softmax (forward and backward) where the select kept a separate pass over the
     [B, H, L, L] attention probabilities.
     """
 
-    cpu_variant: bool = True
+    mask: str = "cpu"  # "cpu" (`_keep_mask`), "bits16" (`_keep_mask16`) or "bernoulli"
 
     @nn.compact
     def __call__(self, inputs, deterministic: bool | None = None, rng=None):
@@ -150,8 +192,10 @@ class Dropout(nn.Dropout):
         keep_prob = 1.0 - self.rate
         if rng is None:
             rng = self.make_rng(self.rng_collection)
-        if self.cpu_variant:
+        if self.mask == "cpu":
             keep = _keep_mask(rng, keep_prob, inputs.shape)
+        elif self.mask == "bits16":
+            keep, keep_prob = _keep_mask16(rng, keep_prob, inputs.shape)
         else:
             keep = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
         return inputs * keep.astype(inputs.dtype) / jnp.asarray(keep_prob, inputs.dtype)
@@ -222,6 +266,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       jax.nn.dot_product_attention's XLA path elsewhere.
     - `embedding_grad="auto"`: the sorted segment sum on GPUs, where the scatter's atomics cost
       14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
+    - `dropout_mask="auto"`: 16-bit masks (`_keep_mask16`) on GPUs, where they move fewer
+      bytes; `jax.random.bernoulli` elsewhere (a TPU program estimated slower with them).
     - `attention="pallas"`: the kernel compiled by Triton on GPUs, run by Pallas' interpreter on
       CPUs; refused elsewhere (the kernel is Triton's, TPUs compile Mosaic).
     Explicit choices are kept.
@@ -238,6 +284,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
         changes["attention"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
+    if config.dropout_mask == "auto":
+        changes["dropout_mask"] = "bits16" if platform in ("gpu", "cuda") else "bernoulli"
     return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -272,8 +320,13 @@ def _output_bias(config: ModelConfig, logits_BxLxV, bias_V):
     return _add_output_bias(logits_BxLxV, bias_V) if _uses_cpu_variants(config) else logits_BxLxV + bias_V
 
 
-def _dropout(config: ModelConfig, rate: float) -> Dropout:
-    return Dropout(rate, cpu_variant=_uses_cpu_variants(config))
+def _dropout(config: ModelConfig, rate: float, attention: bool = False) -> Dropout:
+    """The dropout of `config`'s platform. 16-bit masks only for the hidden dropouts: over the
+    attention probabilities XLA:GPU wrote 576 MiB more per layer with them than with
+    `jax.random.bernoulli`, whose pred mask it writes directly (benchmarks/README.md)."""
+    if _uses_cpu_variants(config):
+        return Dropout(rate, mask="cpu")
+    return Dropout(rate, mask="bernoulli" if attention else _settled(config).dropout_mask)
 
 
 class BertEmbeddings(nn.Module):
@@ -427,7 +480,7 @@ class SelfAttention(nn.Module):
                                                        key_value_seq_lengths=lengths_B,
                                                        implementation=attention_implementation(c))
         else:
-            dropout = _dropout(c, c.attention_dropout_rate)
+            dropout = _dropout(c, c.attention_dropout_rate, attention=True)
             out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL,
                                             lambda p: dropout(p, deterministic=deterministic))
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))

@@ -58,6 +58,8 @@ def test_model_config_checks_itself():
         apply_overrides(_config(), ["model.num_heads=3"])
     with pytest.raises(UserInputError, match="expected 'float32' or 'bfloat16'"):
         apply_overrides(_config(), ["model.dtype=float16"])
+    with pytest.raises(UserInputError, match="model.dropout_mask='bits8': expected one of auto, bernoulli, bits16"):
+        apply_overrides(_config(), ["model.dropout_mask=bits8"])
 
 
 def test_config_round_trips_through_json():

@@ -205,6 +205,50 @@ def test_dropout_keep_mask_has_the_keep_rate_and_independent_pairs():
     np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / 0.5)
 
 
+def test_accelerator_dropout_mask_has_its_16_bit_keep_rate_and_independent_quadruples():
+    """The TPU/GPU mask (`_keep_mask16`): P(keep) = 58982 / 2^16 for dropout 0.1, checked within
+    4 standard errors over 8.4M entries (s.e. 1.0e-4: a rate off by 4e-4 or more fails);
+    the four elements one threefry block decides
+    are independent: P(both kept) for every pair of the four, and P(all four kept), each
+    within 4 s.e. of the product; neighbours across blocks too. Same key, same mask (raw or
+    typed key); another key, another mask; a shape the fast path does not take falls back to
+    `jax.random.bernoulli` with the same probability."""
+    from pmi_jax.model import _keep_mask16, keep_threshold16
+
+    assert keep_threshold16(0.9) == 58982 and keep_threshold16(0.5) == 32768
+    keep, p = _keep_mask16(jax.random.PRNGKey(7), 0.9, (64, 4, 128, 256))
+    assert p == 58982 / 65536
+    keep = np.asarray(keep)
+    n = keep.size
+    assert abs(keep.mean() - p) < 4 * np.sqrt(p * (1 - p) / n)
+    # The four elements of one block: the same place in the four quarters of the second-to-last axis.
+    quads = np.moveaxis(keep.reshape(64 * 4, 4, 128 // 4, 256), 1, -1).reshape(-1, 4)
+    for i in range(4):
+        for j in range(i + 1, 5):  # j == 4: the first element of the next block
+            other = quads[:, j] if j < 4 else np.roll(quads[:, 0], -1)  # the next block's
+            both = (quads[:, i] & other).mean()
+            assert abs(both - p * p) < 4 * np.sqrt(p * p * (1 - p * p) / len(quads)), (i, j)
+    all4 = quads.all(axis=1).mean()
+    assert abs(all4 - p ** 4) < 4 * np.sqrt(p ** 4 * (1 - p ** 4) / len(quads))
+    np.testing.assert_array_equal(keep, np.asarray(_keep_mask16(jax.random.key(7), 0.9, keep.shape)[0]))
+    assert np.mean(keep != np.asarray(_keep_mask16(jax.random.PRNGKey(8), 0.9, keep.shape)[0])) > 0.15
+    odd, p_odd = _keep_mask16(jax.random.PRNGKey(7), 0.9, (1001, 1000))  # rows not a multiple of 4: fallback
+    assert p_odd == p and abs(np.asarray(odd).mean() - p) < 4 * np.sqrt(p * (1 - p) / odd.size)
+
+
+def test_accelerator_dropout_scales_by_the_realised_keep_probability():
+    """Dropout with 16-bit masks keeps x / (58982 / 2^16) (float32) or zero; its mean over
+    many entries is x within 4 s.e. (s.e. of the mean of x * Bernoulli(p) / p is sqrt((1-p)/(p n)))."""
+    from pmi_jax.model import Dropout
+
+    x = jnp.full((512, 1024), 3.0)
+    y = np.asarray(Dropout(0.1, mask="bits16").apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(4)}))
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], 3.0 * 65536 / 58982, rtol=1e-7)
+    p = 58982 / 65536
+    assert abs(y.mean() / 3.0 - 1.0) < 4 * np.sqrt((1 - p) / (p * y.size))
+
+
 # ---------------------------------------------------------------- initialisation
 
 
@@ -343,8 +387,8 @@ def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
     from pmi_jax.model import Dropout
 
     x = jnp.ones((256, 512))
-    for variant in (True, False):
-        y = Dropout(0.1, cpu_variant=variant).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
+    for variant in ("cpu", "bernoulli", "bits16"):
+        y = Dropout(0.1, mask=variant).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
         kept = float(jnp.mean(y != 0))
         assert abs(kept - 0.9) < 4 * np.sqrt(0.09 / x.size)
 
@@ -361,6 +405,8 @@ def test_cpu_variants_are_settled_by_the_programs_platform():
     assert for_platform(CONFIG, "cpu").xla_cpu_variants == "always"
     assert for_platform(CONFIG, "tpu").xla_cpu_variants == "never"
     assert for_platform(CONFIG, "gpu").xla_cpu_variants == "never"
+    assert [for_platform(CONFIG, p).dropout_mask for p in ("cpu", "tpu", "gpu")] == ["bernoulli", "bernoulli", "bits16"]
+    assert for_platform(dataclasses.replace(CONFIG, dropout_mask="bernoulli"), "gpu").dropout_mask == "bernoulli"
     for explicit in ("always", "never"):
         assert for_platform(dataclasses.replace(CONFIG, xla_cpu_variants=explicit), "tpu").xla_cpu_variants == explicit
     assert _uses_cpu_variants(CONFIG) == (jax.default_backend() == "cpu")

@@ -210,6 +210,31 @@ def test_sigkill_and_sigterm_then_resume_repeat_the_uninterrupted_losses_exactly
     assert _validation(workdir) == _validation(reference)
 
 
+def test_16_bit_dropout_masks_resume_exactly_and_do_not_depend_on_the_mesh(tmp_path):
+    """xla_cpu_variants=never, dropout_mask=bits16: the GPU programs' dropout (`model._keep_mask16`) on CPU.
+    4 steps on a (data=4, model=2) mesh, then the same run resumed from its step-2 checkpoint
+    (step 4's removed, the metrics log emptied): steps 3 and 4 log bitwise the same losses. On
+    one device the losses agree to 1e-5 (another summation order, the same masks: a mask that
+    followed the sharding would move them by more than dropout's noise)."""
+    import shutil
+
+    overrides = ["model.xla_cpu_variants=never", "model.dropout_mask=bits16", "train.num_steps=4",
+                 "checkpoint.every_steps=2"]
+    _, whole = _run(tmp_path, "whole", *overrides, "mesh.data=4", "mesh.model=2")
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
+    os.remove(os.path.join(resumed, run_dir.TENSORBOARD_DIR, run_dir.METRICS_FILE))
+    config = _config(*overrides, "mesh.data=4", "mesh.model=2")
+    assert train.train(config, resumed, _source(config)).step == 4
+    assert _losses(resumed) == _losses(whole)[2:]
+    _, single = _run(tmp_path, "single", *overrides, "mesh.data=1", "mesh.model=1", devices=jax.devices()[:1])
+    np.testing.assert_allclose(_losses(single), _losses(whole), rtol=1e-5)
+    _, cpu_masks = _run(tmp_path, "cpu", "model.xla_cpu_variants=always", *overrides[2:], "mesh.data=1",
+                        "mesh.model=1", devices=jax.devices()[:1])
+    assert np.max(np.abs(np.array(_losses(cpu_masks)) - _losses(single))) > 1e-4  # other masks: the test sees them
+
+
 def test_nan_loss_stops_with_the_step_and_keeps_only_good_checkpoints(tmp_path):
     config = _config("train.num_steps=30", "checkpoint.every_steps=1", "optimizer.peak_learning_rate=1e30",
                      "optimizer.grad_clip_norm=0", "optimizer.warmup_steps=1")
