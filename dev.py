@@ -128,20 +128,23 @@ def demo() -> None:
     os.environ.update(JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     with stage("demo corpus"):
         run(cli, "demo-corpus", "--output", str(out / "text"), "--overwrite")
-    with stage("vocab build, show"):
+    with stage("vocab build"):
         run(cli, "vocab", "build", "--input", str(out / "text" / "*.txt"), "--output", str(out / "vocab"),
             "--size", "20000", "--min-count", "5", "--overwrite")
-        run(cli, "vocab", "show", str(out / "vocab"), "--top", "8")
-    with stage("corpus prepare, show"):
-        run(cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
-            "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--overwrite")
-        run(cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi")
-        run(cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1")
+    # The `show` commands only print, and a command's start-up (Python, JAX, TensorFlow) costs
+    # seconds: each runs beside a command that leaves a core free, its output printed after.
+    with stage("corpus prepare, shows"):
+        run_beside([cli, "corpus", "prepare", "--input", str(out / "text" / "*.txt"), "--output", str(out / "data"),
+                    "--units", f"pmi={out / 'vocab'}", "--seq-len", "128", "--workers", "2", "--overwrite"],
+                   [cli, "vocab", "show", str(out / "vocab"), "--top", "8"])
+        run_beside([cli, "corpus", "show", str(out / "data"), "--num", "2", "--units", "pmi"],
+                   [cli, "data", "show", "--data", str(out / "data"), "--scheme", "pmi", "--num", "1"])
     # The paper's comparison in miniature (docs/experiments.md): two schemes, two training seeds
     # each, same corpus and config, a checkpoint every 100 steps, perplexity at each with one
     # token, one whole word and one pmi unit masked at a time on every validation token, `compare`.
     # A run keeps about one core busy: the two seeds of a scheme train side by side, then are scored
-    # side by side (each command's outputs are what it writes alone).
+    # side by side (each command's outputs are what it writes alone); `eval` scores the three unit
+    # kinds of a checkpoint in one pass (one restore, each masked copy through the encoder once).
     runs = []
     for scheme in ("random_token", "pmi"):
         pair = [out / "runs" / f"{scheme}-seed{seed}" for seed in (0, 1)]
@@ -160,6 +163,19 @@ def demo() -> None:
     print(f"\nThe comparison: {out / 'report' / 'report.md'}, plots beside it "
           f"({', '.join(p.name for p in sorted((out / 'report').glob('*.png')))})", flush=True)
     stage.print()
+
+
+def run_beside(main: list[str], side: list[str]) -> None:
+    """Run `side` while `main` runs; `side`'s output is held and printed after `main`'s."""
+    print("+", " ".join(side), "(beside the next command)", flush=True)
+    beside = subprocess.Popen(side, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run(*main)
+    finally:
+        output = beside.communicate()[0]
+    print(output, end="", flush=True)
+    if beside.returncode:
+        raise subprocess.CalledProcessError(beside.returncode, side)
 
 
 EFFECT_SCHEMES = ("random_token", "pmi")  # the default; --schemes may add random_span and naive_pmi

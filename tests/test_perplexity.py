@@ -215,3 +215,57 @@ def test_spacing_masks_every_kth_unit_together_and_scores_each_unit_once(corpus,
                                                    spaced.scores.nll_N)}
     assert got.keys() == expected.keys()
     np.testing.assert_allclose([got[k] for k in expected], list(expected.values()), rtol=1e-4, atol=1e-5)
+
+
+def _alone_in_one_program(bert, params, corpus, unit, batch_size, **kwargs):
+    """(sequence, position, unit, nll) of one unit kind scored by itself, each batch of masked copies
+    through the encoder and the head in one jitted program: how `eval perplexity` scored before the
+    kinds shared their encoder passes (its result files must not change)."""
+    @jax.jit
+    def nll(params, ids_BxL, positions_BxP, targets_BxP):  # params an argument, not constants folded in
+        logits_BxPxV = bert.apply({"params": params}, ids_BxL, (ids_BxL != prepared_data.PAD).astype(jnp.int32),
+                                  deterministic=True, positions_BxP=positions_BxP)
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits_BxPxV, axis=-1), targets_BxP[..., None], axis=-1)[..., 0]
+
+    copies = perplexity._masked_copies(perplexity.read_sequences(corpus, "validation", unit=unit), seq_len=32,
+                                       special_ids=SPECIAL, mask_id=prepared_data.MASK, pad_id=prepared_data.PAD,
+                                       **kwargs)
+    scored = []
+    for ids_BxL, positions_BxP, targets_BxP, _, rows in perplexity._batches(copies, batch_size, prepared_data.PAD):
+        nll_BxP = np.asarray(nll(params, ids_BxL, positions_BxP, targets_BxP), np.float64)
+        scored += [(index, p, u, nll_BxP[b, j]) for b, (index, masked, unit_of, _) in enumerate(rows)
+                   for j, (p, u) in enumerate(zip(masked, unit_of))]
+    return sorted(scored, key=lambda t: (t[0], t[1]))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"positions": 3, "seed": 2}, {"spacing": 2}])
+def test_all_unit_kinds_in_one_pass_give_exactly_each_kinds_numbers_alone(corpus, model, caplog, kwargs):
+    """One pass shares the encoder between kinds (a one-token word is a token unit too), yet every
+    NLL is bitwise the one of each kind scored alone in one program per batch, and fewer rows go
+    through the encoder than the kinds mask."""
+    bert, params = model
+    units = ("token", "word", "pmi")
+    kwargs = {"positions": None, "seed": 0, **kwargs}
+    with caplog.at_level("INFO", logger="root"):
+        together = perplexity.unit_perplexities(
+            bert, params, perplexity.read_unit_sequences(corpus, "validation", units=units), units=units, seq_len=32,
+            special_ids=SPECIAL, mask_id=prepared_data.MASK, pad_id=prepared_data.PAD, batch_size=5, **kwargs)
+    masked_rows, part_filled, total = set(), False, 0
+    for unit in units:
+        alone = _alone_in_one_program(bert, params, corpus, unit, 5, **kwargs)
+        s = together[unit].scores
+        got = list(zip(s.sequence_N.tolist(), s.position_N.tolist(), s.unit_N.tolist(), s.nll_N.tolist()))
+        assert got == [(int(i), int(p), int(u), float(v)) for i, p, u, v in alone]  # exact, not approximately
+        one = _units_score(bert, params, corpus, unit, batch_size=5, **kwargs)  # the library's kind alone
+        assert one.mean_nll == together[unit].mean_nll and one.num_units == together[unit].num_units
+        np.testing.assert_array_equal(one.scores.nll_N, s.nll_N)
+        copies = perplexity._masked_copies(perplexity.read_sequences(corpus, "validation", unit=unit), seq_len=32,
+                                           special_ids=SPECIAL, mask_id=prepared_data.MASK, pad_id=prepared_data.PAD,
+                                           **kwargs)
+        rows = [ids_L.tobytes() for _, ids_KxL, _, _ in copies for ids_L in ids_KxL]
+        masked_rows |= set(rows)
+        part_filled, total = part_filled or len(rows) % 5 > 0, total + len(rows)
+    distinct = len(masked_rows) + part_filled  # and an all-[PAD] row for a part-filled last batch's padding
+    shared = f"{', '.join(units)}: {distinct} distinct masked rows in {-(-distinct // 5)} encoder passes"
+    assert shared in caplog.text
+    assert distinct < total

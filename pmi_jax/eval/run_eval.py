@@ -86,10 +86,10 @@ def existing_perplexity(path: str, request: PerplexityRequest, unit: str) -> str
 
 
 def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> Iterator[dict]:
-    """Perplexity of each checkpoint with each unit kind; yields each report once written, or
-    {"skipped": path of the result} where `skip_existing` found it done."""
+    """Perplexity of each checkpoint with each unit kind, all kinds of a checkpoint in one pass;
+    yields each report once written, or {"skipped": path of the result} where `skip_existing`
+    found it done."""
     from pmi_jax import storage
-    from pmi_jax.eval import perplexity
     from pmi_jax.formats import perplexity_result
 
     if request.output and (len(paths) > 1 or len(request.units) > 1):
@@ -99,16 +99,15 @@ def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> I
         folder = run_dir.eval_dir(run)
         storage.check_writable_directory(folder, f"--checkpoint {run}: its results folder")
     for path in paths:
+        done = {unit: existing_perplexity(path, request, unit) if request.skip_existing else None
+                for unit in request.units}
+        todo = tuple(unit for unit in request.units if not done[unit])
+        reports = dict(zip(todo, _scored(path, request, todo) if todo else []))
         for unit in request.units:
-            if request.skip_existing:
-                done = existing_perplexity(path, request, unit)
-                if done:
-                    yield {"skipped": done}
-                    continue
-            report = perplexity.evaluate_checkpoint(
-                path, data_dir=request.data, split=request.split, unit=unit, positions=request.positions,
-                seed=request.seed, max_sequences=request.max_sequences, batch_size=request.batch_size,
-                spacing=request.spacing)
+            if done[unit]:
+                yield {"skipped": done[unit]}
+                continue
+            report = reports[unit]
             run = run_dir.run_dir_of(path)
             storage.gfile.makedirs(run_dir.eval_dir(run))
             for target in [run_dir.perplexity_result_path(run, request.split, report["step"], unit),
@@ -116,6 +115,15 @@ def perplexity_of_checkpoints(paths: list[str], request: PerplexityRequest) -> I
                 with storage.write_errors(target):
                     perplexity_result.write(target, report)
             yield report
+
+
+def _scored(path: str, request: PerplexityRequest, units: tuple[str, ...]) -> list[dict]:
+    from pmi_jax.eval import perplexity
+
+    return perplexity.evaluate_checkpoint(path, data_dir=request.data, split=request.split, units=units,
+                                          positions=request.positions, seed=request.seed,
+                                          max_sequences=request.max_sequences, batch_size=request.batch_size,
+                                          spacing=request.spacing)
 
 
 @dataclasses.dataclass(frozen=True)
