@@ -53,7 +53,7 @@ def main() -> None:
         keys = rng.permutation(args.grams * 7)[:args.grams].astype(np.int64)  # one partition's keys each part
         parts = [(np.sort(keys[i:i + 100_000]), np.full(len(keys[i:i + 100_000]), 20, np.int64), 100_000)
                  for i in range(0, len(keys), 100_000)]
-        new, _ = measure(lambda: beam_vocab.ConcatenateLevel(n).extract_output(parts)[1:3])
+        new, _ = measure(lambda: beam_vocab.concatenate_level(parts, n)[1:3])
         print(f"| {n} | {old / args.grams:.0f} | {new / args.grams:.0f} |")
 
 

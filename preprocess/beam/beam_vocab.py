@@ -167,30 +167,15 @@ class SumCounts(beam.CombineFn):
         return keys[keep], counts[keep], len(keys)
 
 
-class ConcatenateLevel(beam.CombineFn):
+def concatenate_level(parts: list, n: int) -> tuple:
     """The partitions' (keys, counts, distinct) -> (n, sorted keys, counts, distinct): one length's
     frequent n-grams, 16 bytes each, as the local table holds them."""
-
-    def __init__(self, n: int):
-        self._n = n
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, accumulator, part):
-        accumulator.append(part)
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        return [part for accumulator in accumulators for part in accumulator]
-
-    def extract_output(self, accumulator):
-        if not accumulator:
-            return self._n, np.zeros(0, np.int64), np.zeros(0, np.int64), 0
-        keys = np.concatenate([p[0] for p in accumulator])
-        counts = np.concatenate([p[1] for p in accumulator])
-        order = np.argsort(keys)
-        return self._n, keys[order], counts[order], sum(p[2] for p in accumulator)
+    if not parts:
+        return n, np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+    keys = np.concatenate([p[0] for p in parts])
+    counts = np.concatenate([p[1] for p in parts])
+    order = np.argsort(keys)
+    return n, keys[order], counts[order], sum(p[2] for p in parts)
 
 
 def tag(value, n: int):
@@ -276,7 +261,8 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
                                                     *map(beam.pvalue.AsSingleton, levels))
                       | f"Sum{n}" >> beam.CombinePerKey(SumCounts(min_count))
                       | f"Partitions{n}" >> beam.Values()
-                      | f"Level{n}" >> beam.CombineGlobally(ConcatenateLevel(n)))
+                      | f"Partitions{n}List" >> beam.combiners.ToList()
+                      | f"Level{n}" >> beam.Map(concatenate_level, n))
     all_levels = beam.pvalue.AsList(levels | "AllLevels" >> beam.Flatten())
     selected = (pipeline
                 | "Start" >> beam.Create([None])
