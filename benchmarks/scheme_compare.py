@@ -259,6 +259,22 @@ class ArrayBatches:
 # --------------------------------------------------------------------------------------
 
 
+def open_dump(path: str) -> tuple:
+    """(the npz, its info) of a `dump` file this script reads; one line for anything else."""
+    import zipfile
+
+    from pmi_jax.errors import UserInputError
+
+    try:
+        npz = np.load(path)
+        info = json.loads(npz["info"].tobytes())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, AttributeError):
+        raise UserInputError(f"--batches {path}: not a file `scheme_compare.py dump` wrote") from None
+    if info.get("format") != FORMAT:
+        raise UserInputError(f"--batches {path}: format {info.get('format')}, this script reads {FORMAT}: dump it again")
+    return npz, info
+
+
 def score_checkpoint(step_dir: str, held_out: dict, info: dict, args) -> list[dict]:
     """Every `--unit` perplexity of one checkpoint, computed and written as `pmi-jax eval perplexity
     --unit U` does (`pmi_jax.eval.run_eval.perplexity_of_checkpoints`, which reads the held-out text
@@ -329,11 +345,10 @@ def cross_score(args) -> None:
     from pmi_jax.config import DataConfig, ExperimentConfig
     from pmi_jax.errors import UserInputError
 
-    npz = np.load(args.batches)
-    info = json.loads(npz["info"].tobytes())
-    if info.get("format") != FORMAT or not info.get("eval_batches"):
-        raise UserInputError(f"{args.batches}: not a format-{FORMAT} dump with validation batches: dump it again "
-                             "with --eval-batches above 0")
+    npz, info = open_dump(args.batches)
+    if not info.get("eval_batches"):
+        raise UserInputError(f"{args.batches}: a dump without validation batches: dump it again with --eval-batches "
+                             "above 0")
     sets = {s: decode(npz, s + VALIDATION, info["eval_batches"], info["batch"], info["seq_len"], info["special_ids"])
             for s in info["schemes"]}
     sums, counts, seeds = {s: {} for s in sets}, {}, {}
@@ -449,10 +464,7 @@ def run(args) -> None:
     from pmi_jax.config import apply_overrides, load_config
     from pmi_jax.errors import UserInputError
 
-    npz = np.load(args.batches)
-    info = json.loads(npz["info"].tobytes())
-    if info.get("format") != FORMAT:
-        raise UserInputError(f"{args.batches}: format {info.get('format')}, this script reads {FORMAT}: dump it again")
+    npz, info = open_dump(args.batches)
     args.unit = args.unit or [TOKEN, *info["unit_kinds"]]
     for unit in args.unit:
         if unit != TOKEN and unit not in info["unit_kinds"]:

@@ -228,6 +228,21 @@ def test_run_refuses_a_unit_the_file_does_not_hold(dumped, no_tensorflow_path):
     assert proc.returncode == 2 and "--unit frequency" in proc.stderr and "naive_pmi" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("command", [["run", "--config", "tiny"], ["cross-score", "RUN", "--step", "1"]])
+def test_a_file_that_is_not_a_dump_is_refused_in_one_line(tmp_path, command, no_tensorflow_path):
+    """--batches naming a text file (or nothing) is one line naming the flag, exit 2, no traceback."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a dump\n")
+    for batches in (text, tmp_path / "missing.npz"):
+        proc = subprocess.run(no_tensorflow.command(no_tensorflow_path, SCRIPT, *command, "--batches", str(batches),
+                                                  "--output", str(tmp_path / "out")),
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == f"error: --batches {batches}: not a file `scheme_compare.py dump` wrote"
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def _run(no_tensorflow_path, batches_file, output, runs, *extra):
     proc = subprocess.run(no_tensorflow.command(
         no_tensorflow_path, SCRIPT, "run", "--batches", str(batches_file), "--config", "tiny", "--output", str(output),
