@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from pmi_jax.cli import build_parser
-from pmi_jax.cli.defaults import LibraryDefault, value_of
+from pmi_jax.cli.defaults import LibraryDefault
 
 
 def _parsed(*argv):
@@ -12,13 +12,33 @@ def _parsed(*argv):
 
 
 def test_vocab_build_defaults_are_vocab_options_fields():
+    from pmi_jax.cli import config_flags
     from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
 
     args = _parsed("vocab", "build", "--input", "x.txt", "--output", "out")
-    library = VocabOptions()
-    for flag in ("measure", "size", "min_count", "max_n", "workers", "memory_mb"):
-        assert value_of(getattr(args, flag)) == getattr(library, flag), flag
-    assert value_of(_parsed("vocab", "build", "--input", "x", "--output", "o", "--size", "7").size) == 7
+    fields = {f.name: f.default for f in dataclasses.fields(VocabOptions)}
+    parsed = config_flags.values(args, VocabOptions)
+    assert set(parsed) == set(fields)  # every field is a flag (--text-field, --tokenizer, --cased: text_input's)
+    for name, value in parsed.items():
+        assert value == fields[name] and type(value) is type(fields[name]), name
+
+
+def test_vocab_build_flags_set_their_fields():
+    """Each flag of a VocabOptions field, given, reaches that field with the field's type."""
+    from pmi_jax.cli import config_flags
+    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions
+
+    args = _parsed("vocab", "build", "--input", "x.txt", "--output", "out", "--measure", "naive-pmi", "--size", "7",
+                   "--min-count", "3", "--max-n", "3", "--shares", "0.75,0.25", "--workers", "2", "--memory-mb", "64",
+                   "--tmp-dir", "scratch", "--text-field", "body", "--cased", "--sample-words", "5000",
+                   "--sample-seed", "4")
+    assert VocabOptions(**config_flags.values(args, VocabOptions)) == VocabOptions(
+        measure="naive-pmi", size=7, min_count=3, max_n=3, shares=(0.75, 0.25), workers=2, memory_mb=64,
+        tmp_dir="scratch", text_field="body", tokenizer=None, cased=True, sample_words=5000, sample_seed=4)
+    with pytest.raises(SystemExit):  # --shares parses as numbers
+        _parsed("vocab", "build", "--input", "x", "--output", "o", "--shares", "0.5,half")
+    with pytest.raises(SystemExit):  # --measure is one of the measures
+        _parsed("vocab", "build", "--input", "x", "--output", "o", "--measure", "mutual-information")
 
 
 def test_corpus_prepare_defaults_are_prepare_config_fields():

@@ -1,10 +1,12 @@
 """A command's flags declared by the fields of the library's config dataclass (`corpus prepare`:
-preprocess/corpus/prepare_config.py), so that name, type, default and help are written once.
+preprocess/corpus/prepare_config.py; `vocab build`: preprocess/vocab/vocab_options.py), so that
+name, type, default and help are written once.
 
 A field is a flag where its metadata has "help": `--field-name` (a bool that defaults to True:
 `--no-field-name`), typed by its default (int, float; None: a string), the field's name as
-argparse's dest. Other metadata keys go to argparse (metavar, action), except `reads` (an input
-path, io_flags.reads; "named": NAME=PATH) and `exclusive` (the mutually exclusive group).
+argparse's dest. Other metadata keys go to argparse (metavar, action, type, choices), except
+`reads` (an input path, io_flags.reads; "named": NAME=PATH), `scratch` (a folder for temporaries,
+io_flags.scratch) and `exclusive` (the mutually exclusive group).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Collection
 
 from pmi_jax.cli import io_flags
 
-_OURS = ("help", "reads", "exclusive")
+_OURS = ("help", "reads", "scratch", "exclusive")
 
 
 def add_flags(parser: argparse.ArgumentParser, config: type, only: Collection[str] = (),
@@ -33,6 +35,8 @@ def add_flags(parser: argparse.ArgumentParser, config: type, only: Collection[st
             *_names(field), dest=field.name, help=field.metadata["help"], **_settings(field))
         if field.metadata.get("reads"):
             io_flags.reads(action, named=field.metadata["reads"] == "named")
+        if field.metadata.get("scratch"):
+            io_flags.scratch(action)
     return groups
 
 
@@ -50,7 +54,7 @@ def _settings(field: dataclasses.Field) -> dict:
     else:
         settings["default"] = field.default
         if isinstance(field.default, (int, float)):
-            settings["type"] = type(field.default)
+            settings.setdefault("type", type(field.default))
     return settings
 
 

@@ -1,6 +1,6 @@
 """Flag defaults that live in the library, read when they are needed and not before.
 
-A command's defaults are the library's (a dataclass field such as `VocabOptions.size`, or a
+A command's defaults are the library's (a dataclass field such as `InformaskOptions.window`, or a
 constant): typed once, there. Importing the library to build the parser would import TensorFlow
 for every `pmi-jax ...`, so a flag's default is a `LibraryDefault` that names where the value
 lives; `--help` reads it when it prints `%(default)s`, and the command reads it with `value_of`.

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from pmi_jax.cli import io_flags, text_input
-from pmi_jax.cli.defaults import LibraryDefault, value_of
+from pmi_jax.cli import config_flags, io_flags, text_input
 from pmi_jax.preprocess.beam import beam_options
-from pmi_jax.preprocess.vocab.measures import MEASURES
-
-
-def _option(field: str) -> LibraryDefault:
-    return LibraryDefault("pmi_jax.preprocess.vocab.build_vocab", "VocabOptions", field)
+from pmi_jax.preprocess.vocab.vocab_options import VocabOptions
 
 
 def add_parser(subparsers) -> None:
@@ -38,34 +33,7 @@ def _add_build(commands) -> None:
         "whatever --workers and --memory-mb are.")
     text_input.add_input_flags(p, "vocabulary directory to create (local or gs://)")
     text_input.add_tokenizer_flags(p)
-    p.add_argument("--measure", choices=MEASURES, default=_option("measure"),
-                   help="(default %(default)s) pmi: the paper's PMI_n, log p(w) minus the best segmentation into "
-                   "shorter spans; "
-                   "pmi-p2: 2·log p(w) minus that, as in AI21's published lists; naive-pmi: log p(w) minus the "
-                   "word log-probabilities; frequency: the count")
-    p.add_argument("--size", type=int, default=_option("size"),
-                   help="number of n-grams to select (default %(default)s)")
-    p.add_argument("--min-count", type=int, default=_option("min_count"),
-                   help="candidates occur at least this many times (default %(default)s, the paper's 'more than 10')")
-    p.add_argument("--max-n", type=int, default=_option("max_n"), help="longest n-gram, 2 to 5 (default %(default)s)")
-    p.add_argument("--shares", type=_floats, default=None, metavar="S2,S3,...",
-                   help="comma-separated fraction of --size for each length 2..max-n, summing to 1 "
-                   "(default 0.5,0.25,0.125,0.125 for max-n 5: each length half of the rest, the longest "
-                   "the remainder); a length with too few candidates keeps them all and leaves its quota unused")
-    p.add_argument("--workers", type=int, default=_option("workers"),
-                   help="threads for reading and counting (default: every core)")
-    p.add_argument("--memory-mb", type=int, default=_option("memory_mb"),
-                   help="n-gram counts held in memory before they spill to disk partitions (default %(default)s)")
-    io_flags.scratch(p.add_argument("--tmp-dir", default=None,
-                   help="local directory for the word-id stream and spilled counts (default: a hidden temporary "
-                   "directory beside a local --output, $TMPDIR for gs://); needs about 16 bytes per corpus word, "
-                   "plus the counts that spill; removed at the end, and what a killed run left is removed by the "
-                   "next run"))
-    p.add_argument("--sample-words", type=int, default=0, metavar="N",
-                   help="build from a seeded sample of whole documents of about N whitespace-separated words "
-                   "(the documents of lowest hash priority; the same on every runner), not the whole corpus "
-                   "(default 0: the whole corpus); benchmarks/README.md says how large a sample the vocabulary needs")
-    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample-words' draw (default 0)")
+    config_flags.add_flags(p, VocabOptions)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     beam_options.add_pipeline_arguments(p)
@@ -118,22 +86,11 @@ def _add_select(commands) -> None:
     p.set_defaults(func=run_select)
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-
-
 def run_build(args: argparse.Namespace) -> int:
     from pmi_jax import storage
-    from pmi_jax.preprocess.vocab.build_vocab import VocabOptions, build_vocabulary
+    from pmi_jax.preprocess.vocab.build_vocab import build_vocabulary
 
-    options = VocabOptions(measure=value_of(args.measure), size=value_of(args.size),
-                           min_count=value_of(args.min_count), max_n=value_of(args.max_n), shares=args.shares,
-                           workers=value_of(args.workers), memory_mb=value_of(args.memory_mb), tmp_dir=args.tmp_dir,
-                           text_field=args.text_field, tokenizer=args.tokenizer, cased=args.cased,
-                           sample_words=args.sample_words, sample_seed=args.sample_seed)
+    options = VocabOptions(**config_flags.values(args, VocabOptions))
     with storage.write_errors(args.output):
         if args.runner:
             from pmi_jax.preprocess.beam import beam_vocab

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from typing import Sequence
@@ -24,56 +23,12 @@ from pmi_jax.formats import masking_vocab, run_dir
 from pmi_jax.preprocess.text import documents
 from pmi_jax.preprocess.vocab import measures
 from pmi_jax.preprocess.vocab import vocab_selection
+from pmi_jax.preprocess.vocab.vocab_options import VocabOptions
 
 _SCORE_BLOCK = 1 << 20  # candidates scored at once: bounds the span-count arrays in memory
 # Scores are rounded before ranking so that mathematically equal scores, which float arithmetic
 # may compute a few ulps apart (sums in another order), are ties broken by count and string.
 SCORE_DECIMALS = 9
-
-
-@dataclasses.dataclass(frozen=True)
-class VocabOptions:
-    measure: str = "pmi"
-    size: int = 800_000
-    min_count: int = 11
-    max_n: int = 5
-    shares: tuple[float, ...] | None = None  # None: vocab_selection.default_shares(max_n)
-    workers: int = 0  # 0: every core
-    memory_mb: int = 2048  # budget for the n-gram counts held in memory before they spill to disk
-    tmp_dir: str | None = None  # local scratch space for the id stream and spills (default: beside the output)
-    text_field: str = "text"  # the documents' field in JSON lines, Parquet and Arrow (preprocess/text/documents.py)
-    tokenizer: str | None = None  # words as this tokenizer.json (or cased vocab.txt) splits them (hf_tokenizer)
-    cased: bool = False  # a --tokenizer vocab.txt is cased BERT
-    sample_words: int = 0  # > 0: build from a seeded document sample of about this many words (preprocess/text/sample.py)
-    sample_seed: int = 0
-
-    def validated(self) -> "VocabOptions":
-        """These options with defaults filled in; UserInputError naming the first bad option."""
-        if self.measure not in measures.MEASURES:
-            raise UserInputError(f"--measure {self.measure}: expected one of {', '.join(measures.MEASURES)}")
-        if self.size < 1:
-            raise UserInputError(f"--size {self.size}: must be at least 1")
-        if self.min_count < 1:
-            raise UserInputError(f"--min-count {self.min_count}: must be at least 1")
-        if not vocab_selection.MIN_N <= self.max_n <= vocab_selection.MAX_N:
-            raise UserInputError(
-                f"--max-n {self.max_n}: must be between {vocab_selection.MIN_N} and {vocab_selection.MAX_N}")
-        shares = self.shares if self.shares is not None else vocab_selection.default_shares(self.max_n)
-        shown = ",".join(f"{s:g}" for s in shares)
-        if len(shares) != self.max_n - 1:
-            raise UserInputError(f"--shares {shown}: need {self.max_n - 1} values, one per length 2..{self.max_n}")
-        if any(not math.isfinite(s) or s < 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-9:
-            raise UserInputError(f"--shares {shown}: must be non-negative and sum to 1")
-        if self.workers < 0:
-            raise UserInputError(f"--workers {self.workers}: must be at least 1 (or 0: every core)")
-        if self.memory_mb < 1:
-            raise UserInputError(f"--memory-mb {self.memory_mb}: must be at least 1")
-        if self.sample_words < 0:
-            raise UserInputError(f"--sample-words {self.sample_words}: must be positive (or 0: the whole corpus)")
-        if self.tmp_dir is not None and not os.path.isdir(self.tmp_dir):
-            raise UserInputError(f"--tmp-dir {self.tmp_dir}: not a local directory")
-        return dataclasses.replace(self, shares=tuple(float(s) for s in shares),
-                                   workers=self.workers or len(os.sched_getaffinity(0)))
 
 
 def build_vocabulary(inputs: Sequence[str], output: str, options: VocabOptions = VocabOptions(),
