@@ -138,10 +138,13 @@ def test_beams_wordpiece_step_learns_in_worker_processes_what_one_process_learns
     assert pathlib.Path(written).read_text().split("\n")[:len(serial)] == serial
 
 
-def test_beam_finishes_a_killed_run_writing_only_the_missing_shards(corpus, local_vocab, tmp_path):
-    """A local run killed after its first shard, finished on Beam: the shard already written is not
+def test_beam_finishes_a_killed_run_writing_only_the_missing_shards(corpus, local_vocab, tmp_path, monkeypatch):
+    """A local run killed after two shards, one of them then damaged in place (same size), finished
+    on Beam: the launcher reads no shard, the workers find the damaged one, the intact one is not
     touched, the others are written, and the directory equals an uninterrupted run's byte for byte."""
     from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pmi_jax import storage
 
     config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "whole"), wordpiece_size=1500,
                                    units=(("pmi", str(local_vocab)),), seq_len=64, validation_fraction=0.05,
@@ -152,15 +155,32 @@ def test_beam_finishes_a_killed_run_writing_only_the_missing_shards(corpus, loca
     class Killed(Exception):
         pass
 
+    done = []
+
     def kill(task):
-        raise Killed(task.name)
+        done.append(task)
+        if len(done) == 2:
+            raise Killed(task.name)
 
     with pytest.raises(Killed):
         prepare.prepare(killed, on_shard_done=kill)
-    (first,) = pathlib.Path(killed.output).glob("*.tfrecord")
-    written_at = first.stat().st_mtime_ns
+    intact, damaged = (pathlib.Path(killed.output) / task.name for task in done)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    written_at = intact.stat().st_mtime_ns
+
+    def no_shard(path, file_sha256=storage.file_sha256):
+        assert not path.endswith(".tfrecord"), f"the launcher read {path}"
+        return file_sha256(path)
+
+    with monkeypatch.context() as m:  # the launcher's plan reads no shard
+        m.setattr(storage, "file_sha256", no_shard)
+        plan = prepare.plan_prepare(killed, check_written=False)
+    assert {t.name for t in plan.tasks} - {t.name for t in plan.todo} == {intact.name, damaged.name}
+
     beam_prepare.prepare(killed, PipelineOptions(direct_runner()))
-    assert first.stat().st_mtime_ns == written_at
+    assert intact.stat().st_mtime_ns == written_at
     whole = sorted(os.listdir(config.output))
     assert sorted(os.listdir(killed.output)) == whole
     for name in whole:

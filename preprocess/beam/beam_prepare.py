@@ -9,7 +9,7 @@ each shard's documents to one worker, which restores corpus order and writes the
 (`prepare.ShardWriter.write`); wordpiece counts in parallel (without --wordpiece; of the same
 seeded sample as the local run with --wordpiece-sample-words); metadata.json
 here. The same inputs give byte-identical shards, vocab.txt and metadata.json; a rerun writes
-only the missing shards. Stages in full: docs/design.md, "Module notes", beam_prepare.py.
+only the missing shards, after the workers have checked the digests of those already written. Stages in full: docs/design.md, "Module notes", beam_prepare.py.
 """
 from __future__ import annotations
 
@@ -97,10 +97,29 @@ def prepare(config, pipeline_options=None) -> dict:
     from pmi_jax.preprocess.corpus import prepare as local
 
     with local.removed_unless_begun(config.output):
-        plan = local.plan_prepare(config)
+        plan = local.plan_prepare(config, check_written=False)
         if not isinstance(plan, local.PreparePlan):
             return plan  # already complete
+        if len(plan.todo) < len(plan.tasks):
+            plan = _check_written(config, plan, pipeline_options)
         return _run(config, plan, pipeline_options)
+
+
+def _check_written(config, plan, pipeline_options):
+    """A resumed run: the shards recorded as written are hashed on the workers, one each (on the
+    launcher that would be a read of everything written, terabytes near the end of a large job);
+    a damaged one loses its record, so the replanned todo list includes it."""
+    from pmi_jax.preprocess.corpus import output_state, prepare as local
+
+    todo = {t.id for t in plan.todo}
+    written = [t for t in plan.tasks if t.id not in todo]
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+        _ = (pipeline
+             | "Written" >> beam.Create(written)
+             | "SpreadShards" >> beam.Reshuffle()
+             | "CheckWritten" >> beam.Map(lambda task: output_state.forget_damaged(config.output, task)))
+    return local.unrecorded(plan)
 
 
 def _run(config, plan, pipeline_options) -> dict:

@@ -85,11 +85,12 @@ def remove(path: str) -> None:
     storage.remove_tree(path)
 
 
-def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
+def claim_output(output: str, fingerprint: str, overwrite: bool, digests: bool = True) -> dict | None:
     """Make `output` ours for this configuration; return its metadata if it is already complete.
 
     Complete means: metadata.json of this configuration, vocab.txt with the hash it records, and
-    every shard it lists with the size it records. A directory that is not (a shard deleted or
+    every shard it lists with the size it records (and, with `digests`, its sha256: a read of every
+    shard, which the Beam launcher leaves out). A directory that is not (a shard deleted or
     truncated) is reopened as an unfinished run that rewrites only what is damaged. A directory
     left by another configuration is an error unless --overwrite, which deletes metadata.json
     first (so nothing looks complete meanwhile), then the other files a prepare run writes.
@@ -100,7 +101,7 @@ def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
     marker = read_json(storage.join(output, MARKER))
     found = (metadata or marker or {}).get("config_fingerprint")
     if found == fingerprint and metadata is not None:
-        if _intact(output, metadata, fingerprint):
+        if _intact(output, metadata, fingerprint, digests):
             remove(storage.join(output, PROGRESS_DIR))  # left if a run was killed right after its metadata
             remove(storage.join(output, MARKER))
             return metadata
@@ -126,7 +127,7 @@ def claim_output(output: str, fingerprint: str, overwrite: bool) -> dict | None:
     return None
 
 
-def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
+def _intact(output: str, metadata: dict, fingerprint: str, digests: bool) -> bool:
     """Check a finished directory; if it is damaged, turn it back into an unfinished run and say so.
 
     The shards that are intact keep their stats (metadata.json's `shards`, written back to
@@ -136,7 +137,7 @@ def _intact(output: str, metadata: dict, fingerprint: str) -> bool:
     """
     try:
         prepared_corpus.check_metadata(metadata, prepared_corpus.metadata_path(output))
-        damaged = prepared_corpus.damaged_shards(output, metadata, digests=True)
+        damaged = prepared_corpus.damaged_shards(output, metadata, digests=digests)
     except UserInputError as e:
         log.warning("%s", e)
         damaged = {name: "unreadable" for name in metadata.get("shards", {})}
@@ -183,6 +184,17 @@ def is_done(output: str, task) -> bool:
         return False
     return (stats.get("bytes") in (None, storage.gfile.stat(path).length)
             and stats.get("sha256") in (None, storage.file_sha256(path)))
+
+
+def forget_damaged(output: str, task) -> bool:
+    """A shard recorded as written that is not intact loses its record and its file, so that the next
+    listing of .progress/ counts it as still to write; True if it did. The Beam runner calls this on
+    its workers, one shard each, so that a resume does not read every written shard on the launcher."""
+    if is_done(output, task):
+        return False
+    remove(progress_path(output, task))
+    remove(storage.join(output, task.name))
+    return True
 
 
 def close_run(output: str) -> None:

@@ -615,11 +615,13 @@ class PreparePlan:
             wordpiece_vocab.write_vocab(self.vocab_txt, self.given_wordpiece)
 
 
-def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
+def plan_prepare(config: PrepareConfig, check_written: bool = True) -> PreparePlan | dict:
     """Check the inputs, claim the output and list the shards still to write.
 
     Returns the finished metadata instead when `config.output` is already prepared with this
-    exact configuration, so a rerun of a complete job does nothing.
+    exact configuration, so a rerun of a complete job does nothing. Without `check_written`, shards
+    recorded as written count as written unread (sizes only for a finished directory): the caller
+    checks them (beam_prepare, on its workers) and replans with `unrecorded`.
     """
     check_config(config)
     files = documents.expand_inputs(config.inputs)
@@ -639,17 +641,24 @@ def plan_prepare(config: PrepareConfig) -> PreparePlan | dict:
         wordpiece_id["tokenizer_sha256"] = tokenizer.sha256
     fingerprint = config_fingerprint(config, corpus, wordpiece_id, units, assignment)
 
-    done = claim_output(config.output, fingerprint, config.overwrite)
+    done = claim_output(config.output, fingerprint, config.overwrite, digests=check_written)
     if done is not None:
         log.info("%s: already prepared with this configuration", config.output)
         return done
     tasks = assignment.tasks()
-    todo = [t for t, done in zip(tasks, _each(lambda t: t is not None and is_done(config.output, t),
-                                                  _recorded(config.output, tasks)))
-            if not done]
+    recorded = _recorded(config.output, tasks)
+    written = (_each(lambda t: t is not None and is_done(config.output, t), recorded) if check_written
+               else [t is not None for t in recorded])
+    todo = [t for t, done in zip(tasks, written) if not done]
     if len(todo) < len(tasks):
         log.info("resuming: %d of %d shards already written", len(tasks) - len(todo), len(tasks))
     return PreparePlan(config, corpus, given, units, fingerprint, assignment, tasks, todo, tokenizer)
+
+
+def unrecorded(plan: PreparePlan) -> PreparePlan:
+    """`plan` with todo = the shards without a record in .progress/ (one listing)."""
+    return dataclasses.replace(plan, todo=[t for t, r in zip(plan.tasks, _recorded(plan.config.output, plan.tasks))
+                                           if r is None])
 
 
 def _each(fn: Callable, items: Sequence) -> list:
