@@ -24,7 +24,9 @@ from pmi_jax.fused_attention import dropout_streams, entry_bits, keep_mask, keep
 
 __all__ = ["attention", "check_shapes", "dropout_streams", "keep_mask", "MAX_LENGTH"]
 
-MAX_LENGTH = 1024  # [L, L] float32 scores and probabilities of a head in VMEM: 4 MiB each at 1024
+# BERT's longest. The backward kernel's [L, L] float32 blocks of two heads fill a TensorCore's 16 MiB
+# of scoped VMEM: at 1024 it asked for 16.8 MiB, and Mosaic refused it (compiled for a v5p).
+MAX_LENGTH = 512
 _LANES = 128
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _NT = (((1,), (1,)), ((), ()))  # q k^T: contract both operands' last axis

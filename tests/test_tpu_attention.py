@@ -84,7 +84,7 @@ def test_shapes_the_kernel_does_not_take_are_refused():
     qkv, _, streams = _inputs(jnp.float32)
     with pytest.raises(ValueError, match="streams of a dropout key"):
         tpu_attention.attention(*qkv, jnp.array(LENGTHS), None, rate=0.1, interpret=True)
-    with pytest.raises(ValueError, match="over the TPU kernel's 1024"):
-        tpu_attention.check_shapes((1, 2048, 12, 64))
+    with pytest.raises(ValueError, match="over the TPU kernel's 512"):
+        tpu_attention.check_shapes((1, 1024, 12, 64))
     with pytest.raises(ValueError, match="do not tile"):
         tpu_attention.check_shapes((1, 512, 3, 64))  # 3 heads of 64: a block of 2 leaves one over
