@@ -507,11 +507,14 @@ def _on_each_shard(attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, stream
     initialisation traces, never compiled)."""
     mesh = jax.sharding.get_abstract_mesh()
     spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    splits = [math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
-              for axes in (spec[0] or (), spec[2] or ())] if not mesh.empty else [1, 1]
+    batch, _, heads, _ = q_BxLxHxK.shape
     if streams_BxHx2 is None:  # no dropout: the streams are not read
-        streams_BxHx2 = jnp.zeros((q_BxLxHxK.shape[0], q_BxLxHxK.shape[2], 2), jnp.uint32)
-    if mesh.empty or q_BxLxHxK.shape[0] % splits[0] or q_BxLxHxK.shape[2] % splits[1]:
+        streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
+
+    def split(axes):  # devices along the mesh axes of one array axis
+        return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+
+    if mesh.empty or batch % split(spec[0]) or heads % split(spec[2]):
         return attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
     rows = jax.sharding.PartitionSpec(spec[0])
     streams = jax.sharding.PartitionSpec(spec[0], spec[2])
