@@ -106,7 +106,7 @@ def _backward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, do_re
         ref[...] = jnp.concatenate(grads[name], axis=1).astype(ref.dtype)
 
 
-def _call(kernel, name, q_BxLxHxK, n_in, n_out, extra_out, flops, interpret):
+def _call(kernel, name, q_BxLxHxK, n_in, n_out, lse_out, flops, interpret):
     """pallas_call over the grid (b, head block), whole rows of [B, L, H K] per block; scalars prefetched."""
     b, length, heads, head_dim = q_BxLxHxK.shape
     per_block = heads_per_block(heads, head_dim)
@@ -114,9 +114,9 @@ def _call(kernel, name, q_BxLxHxK, n_in, n_out, extra_out, flops, interpret):
     lse = pl.BlockSpec((None, None, per_block, length), lambda i, j, *_: (i, j, 0, 0))
     lse_shape = jax.ShapeDtypeStruct((b, heads // per_block, per_block, length), jnp.float32)
     row_shape = jax.ShapeDtypeStruct((b, length, heads * head_dim), q_BxLxHxK.dtype)
-    n_lse_in = 1 if not extra_out else 0
-    out_specs = [rows] * n_out + ([lse] if extra_out else [])
-    out_shape = [row_shape] * n_out + ([lse_shape] if extra_out else [])
+    n_lse_in = 0 if lse_out else 1  # the backward reads the forward's log-sum-exp
+    out_specs = [rows] * n_out + ([lse] if lse_out else [])
+    out_shape = [row_shape] * n_out + ([lse_shape] if lse_out else [])
     # What the kernel moves between HBM and VMEM (each block once) and its matmuls' FLOPs: XLA's
     # cost model takes a Mosaic kernel's figures from here and counts none of its own.
     row_bytes = row_shape.size * row_shape.dtype.itemsize
