@@ -195,6 +195,20 @@ def test_the_tpu_attention_kernel_compiles_for_a_v5p_slice_on_each_chips_rows():
     assert report["all_gathers"] == 0 and report["fits"]
 
 
+@needs_libtpu
+def test_cli_compile_only_refuses_a_sequence_the_tpu_kernel_cannot_hold(tmp_path):
+    """Over 512 keys the TPU kernel's rows no longer fit VMEM: one line naming the setting and the fix,
+    exit status 2, nothing written."""
+    sets = [a for s in ["model.vocab_size=1000", "data.seq_len=1024", "model.max_position_embeddings=1024",
+                        "train.batch_size=16", "model.attention=pallas"] for a in ("--set", s)]
+    proc = subprocess.run([*CLI, "train", "--config", "tiny", "--compile-only", "--topology", "v5p-8", *sets],
+                          env=_libtpu_env(), cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "data.seq_len=1024 with model.attention=pallas" in last and "model.attention=auto" in last, last
+    assert os.listdir(tmp_path) == []
+
+
 _COMPILE_GPU = """
 import dataclasses, json, sys
 from pmi_jax import compile_only
