@@ -43,6 +43,8 @@ TOGGLES = {
     "vocab_unpadded": ("model.vocab_multiple=1",),
     "cpu_variants": ("model.xla_cpu_variants=always",),
     "fused_attention": ("model.attention_dropout_rate=0.0",),
+    "pallas_attention": ("model.attention=pallas",),
+    "pallas_attention_no_dropout": ("model.attention=pallas", "model.attention_dropout_rate=0.0"),
     "embedding_sorted": ("model.embedding_grad=sorted",),
     "rbg": ("train.prng_impl=rbg",),
     "unsafe_rbg": ("train.prng_impl=unsafe_rbg",),

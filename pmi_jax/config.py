@@ -39,8 +39,8 @@ MASK_RATE = 0.15  # the paper's (and BERT's) share of the non-special tokens sel
 MASK_RATE_UNIT = 10_000  # rates are whole basis points, so every budget is integer arithmetic
 PRNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 XLA_CPU_VARIANTS = ("cpu", "always", "never")
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-interpret")
-PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-interpret")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
+PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
 GELUS = ("erf", "tanh")
@@ -94,8 +94,9 @@ class ModelConfig:
     # with dropout, "auto", "xla" write the scores, softmax and dropout out. "pallas": the Pallas
     # flash attention whose dropout mask is drawn inside the kernel from the step's dropout key
     # (`pmi_jax.fused_attention`, with or without dropout), settled to "pallas-triton" in GPU
-    # programs and "pallas-interpret" (Pallas' interpreter: slow, for tests) in CPU programs.
-    # Never chosen by "auto" until measured faster on a GPU (docs/gpu.md).
+    # programs, "pallas-mosaic" in TPU programs (`pmi_jax.tpu_attention`, the same masks) and
+    # "pallas-interpret" (Pallas' interpreter: slow, for tests) in CPU programs. Never chosen by
+    # "auto" until measured faster on the chip (docs/gpu.md, docs/tpu.md).
     attention: str = "auto"
     # Gradient of the word-embedding lookup: "scatter" (XLA's scatter-add of every token's
     # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),

@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["attention", "dropout_streams", "keep_mask", "keep_threshold", "check_shapes"]
+__all__ = ["attention", "dropout_streams", "entry_bits", "keep_mask", "keep_threshold", "check_shapes"]
 
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _LOG2E = math.log2(math.e)
@@ -38,7 +38,7 @@ def _mix(x):
     return x ^ (x >> 16)
 
 
-def _entry_bits(row_stream, col_stream, q_Q, k_S):
+def entry_bits(row_stream, col_stream, q_Q, k_S):
     """uint32 [Q, S]: the random bits of entries (q, k) of one (b, h) with streams (row, col)."""
     rows_Qx1 = _mix(row_stream + q_Q.astype(jnp.uint32))[:, None]
     cols_1xS = _mix(col_stream + k_S.astype(jnp.uint32))[None, :]
@@ -58,7 +58,7 @@ def dropout_streams(rng, batch: int, heads: int) -> jax.Array:
 def keep_mask(streams_BxHx2, length: int, rate: float) -> jax.Array:
     """bool [B, H, L, L]: the entries the kernel keeps, computed in plain jnp (tests, references)."""
     pos_L = jnp.arange(length, dtype=jnp.uint32)
-    bits = jax.vmap(jax.vmap(lambda s: _entry_bits(s[0], s[1], pos_L, pos_L)))(streams_BxHx2)
+    bits = jax.vmap(jax.vmap(lambda s: entry_bits(s[0], s[1], pos_L, pos_L)))(streams_BxHx2)
     return bits < jnp.uint32(keep_threshold(rate))
 
 
@@ -89,7 +89,7 @@ def _scores(q_QxK, k_SxK, key_start, length, scale):
 def _keep(streams_ref, q_start, block_q, k_start, block_k, threshold):
     q_Q = q_start + jnp.arange(block_q)
     k_S = k_start + jnp.arange(block_k)
-    return _entry_bits(streams_ref[0], streams_ref[1], q_Q, k_S) < jnp.uint32(threshold)
+    return entry_bits(streams_ref[0], streams_ref[1], q_Q, k_S) < jnp.uint32(threshold)
 
 
 def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate, block_k):

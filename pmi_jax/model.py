@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
-from pmi_jax import fused_attention
+from pmi_jax import fused_attention, tpu_attention
 from pmi_jax.config import PALLAS_ATTENTION, ModelConfig
 from pmi_jax.errors import UserInputError
 
@@ -268,8 +268,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
     - `dropout_mask="auto"`: 16-bit masks (`_keep_mask16`) on GPUs, where they move fewer
       bytes; `jax.random.bernoulli` elsewhere (a TPU program estimated slower with them).
-    - `attention="pallas"`: the kernel compiled by Triton on GPUs, run by Pallas' interpreter on
-      CPUs; refused elsewhere (the kernel is Triton's, TPUs compile Mosaic).
+    - `attention="pallas"`: the kernel compiled by Triton on GPUs, `tpu_attention`'s (Mosaic) on
+      TPUs, the GPU kernel run by Pallas' interpreter on CPUs; refused elsewhere.
     Explicit choices are kept.
     """
     changes = {}
@@ -278,10 +278,10 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     if config.attention == "auto":
         changes["attention"] = "cudnn" if cudnn_attention_applies(config, platform) else "xla"
     if config.attention == "pallas":
-        if platform not in ("gpu", "cuda", "cpu"):
-            raise UserInputError(f"model.attention=pallas: the kernel is written for GPUs (Triton); a {platform} "
+        if platform not in ("gpu", "cuda", "cpu", "tpu"):
+            raise UserInputError(f"model.attention=pallas: the kernels are written for GPUs and TPUs; a {platform} "
                                  "program takes model.attention=xla")
-        changes["attention"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
+        changes["attention"] = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic"}.get(platform, "pallas-triton")
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
     if config.dropout_mask == "auto":
@@ -493,8 +493,33 @@ class SelfAttention(nn.Module):
         batch, _, heads, _ = q_BxLxHxK.shape
         streams_BxHx2 = fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate else None
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
+        if c.attention == "pallas-mosaic":
+            return _on_each_shard(functools.partial(tpu_attention.attention, rate=rate),
+                                  q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
         return fused_attention.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2, rate=rate,
                                          interpret=c.attention == "pallas-interpret")
+
+
+def _on_each_shard(attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2):
+    """`attention` on each device's rows and heads of the mesh in context (XLA cannot partition a
+    Mosaic kernel itself: unsplit, it would gather the batch onto every device). Called directly
+    where there is no mesh, or where the batch does not split over it (the batch of 1 that
+    initialisation traces, never compiled)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    batch, _, heads, _ = q_BxLxHxK.shape
+    if streams_BxHx2 is None:  # no dropout: the streams are not read
+        streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
+
+    def split(axes):  # devices along the mesh axes of one array axis
+        return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+
+    if mesh.empty or batch % split(spec[0]) or heads % split(spec[2]):
+        return attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
+    rows = jax.sharding.PartitionSpec(spec[0])
+    streams = jax.sharding.PartitionSpec(spec[0], spec[2])
+    return jax.shard_map(attention, in_specs=(spec, spec, spec, rows, streams), out_specs=spec,
+                         check_vma=False)(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
 
 
 class FeedForward(nn.Module):

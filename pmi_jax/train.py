@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, flops, fused_attention, partitioning, paths, storage
+from pmi_jax import checkpoints, flops, fused_attention, partitioning, paths, storage, tpu_attention
 from pmi_jax.config import PALLAS_ATTENTION, ExperimentConfig, check_resumed_settings, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
@@ -213,16 +213,23 @@ def validate(config: ExperimentConfig, mesh) -> None:
 
 
 def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
-    """The Pallas kernel's limits that a run's settings can break (docs/gpu.md)."""
-    if mesh.devices.size > 1:
+    """The Pallas kernels' limits that a run's settings can break (docs/gpu.md, docs/tpu.md). The TPU
+    kernel runs on each device's shard of the batch; the GPU kernel on one device."""
+    tpu = mesh.devices.flat[0].platform == "tpu"
+    if mesh.devices.size > 1 and not tpu:
         raise UserInputError(f"model.attention={config.model.attention} runs on one device (the kernel is not "
                              f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
                              "use model.attention=auto")
+    m = config.model
     try:
-        fused_attention.check_shapes((1, config.data.seq_len))
+        if tpu:
+            tpu_attention.check_shapes((1, config.data.seq_len, m.num_heads, m.head_dim))
+        else:
+            fused_attention.check_shapes((1, config.data.seq_len))
     except ValueError as e:
+        fix = "model.attention=auto" if tpu else "a multiple of the blocks or model.attention=auto"
         raise UserInputError(f"data.seq_len={config.data.seq_len} with model.attention={config.model.attention}: {e}; "
-                             "use a multiple of the blocks or model.attention=auto") from None
+                             f"use {fix}") from None
 
 
 # --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ compiles run in subprocesses that have them on their path.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -165,6 +166,47 @@ def test_a_tpu_program_gets_the_plain_kernels_by_default():
     setting by the platform it compiles for, not by the machine it runs on."""
     programs = _last_json(_COMPILE_VARIANTS, TINY, _libtpu_env())
     assert programs["cpu"] == programs["never"] != programs["always"]
+
+
+_COMPILE_MOSAIC = """
+import json, re, sys
+from pmi_jax import compile_only
+from pmi_jax.config import load_config
+from pmi_jax.config import apply_overrides
+config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]))
+report, compiled = compile_only.compile_train_step(config, "v5p-8")
+text = compiled.as_text()
+calls = re.findall(r"^\\s*%[\\w.\\-]+ = (.*?) custom-call\\(.*custom_call_target=\\"tpu_custom_call\\"", text, re.M)
+print(json.dumps({"calls": calls, "all_gathers": len(re.findall(r" all-gather(?:-start)?\\(", text)),
+                  "fits": report.fits}))
+"""
+
+
+@needs_libtpu
+def test_the_tpu_attention_kernel_compiles_for_a_v5p_slice_on_each_chips_rows():
+    """model.attention=pallas with the paper's attention dropout, compiled for a v5p-8 (4 chips,
+    batch 16 split 4 ways): Mosaic takes the kernels (a forward and a backward call per layer), each
+    on one chip's 4 sequences, and the program gathers nothing (unpartitioned, XLA would all-gather
+    the activations onto every chip)."""
+    report = _last_json(_COMPILE_MOSAIC, TINY + ["model.attention=pallas", "model.attention_dropout_rate=0.1"],
+                        _libtpu_env())
+    assert len(report["calls"]) == 2 * 2  # tiny has 2 layers
+    assert all(re.search(r"\[4,64,64\]", shapes) for shapes in report["calls"]), report["calls"]
+    assert report["all_gathers"] == 0 and report["fits"]
+
+
+@needs_libtpu
+def test_cli_compile_only_refuses_a_sequence_the_tpu_kernel_cannot_hold(tmp_path):
+    """Over 512 keys the TPU kernel's rows no longer fit VMEM: one line naming the setting and the fix,
+    exit status 2, nothing written."""
+    sets = [a for s in ["model.vocab_size=1000", "data.seq_len=1024", "model.max_position_embeddings=1024",
+                        "train.batch_size=16", "model.attention=pallas"] for a in ("--set", s)]
+    proc = subprocess.run([*CLI, "train", "--config", "tiny", "--compile-only", "--topology", "v5p-8", *sets],
+                          env=_libtpu_env(), cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "data.seq_len=1024 with model.attention=pallas" in last and "model.attention=auto" in last, last
+    assert os.listdir(tmp_path) == []
 
 
 _COMPILE_GPU = """

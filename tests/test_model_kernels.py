@@ -199,8 +199,8 @@ def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
 
 
 @pytest.mark.parametrize("platform, expected", [("gpu", "pallas-triton"), ("cuda", "pallas-triton"),
-                                                ("cpu", "pallas-interpret")])
-def test_pallas_attention_is_settled_to_triton_on_gpus_and_the_interpreter_on_cpus(platform, expected):
+                                                ("tpu", "pallas-mosaic"), ("cpu", "pallas-interpret")])
+def test_pallas_attention_is_settled_to_triton_on_gpus_mosaic_on_tpus_and_the_interpreter_on_cpus(platform, expected):
     for dropout in (0.1, 0.0):
         config = dataclasses.replace(CONFIG, attention="pallas", attention_dropout_rate=dropout, num_heads=2)
         assert for_platform(config, platform).attention == expected
@@ -211,8 +211,8 @@ def test_pallas_attention_is_settled_to_triton_on_gpus_and_the_interpreter_on_cp
 
 
 def test_pallas_attention_is_refused_where_it_cannot_run():
-    with pytest.raises(UserInputError, match="a tpu program takes model.attention=xla"):
-        for_platform(dataclasses.replace(CONFIG, attention="pallas", num_heads=2), "tpu")
+    with pytest.raises(UserInputError, match="a rocm program takes model.attention=xla"):
+        for_platform(dataclasses.replace(CONFIG, attention="pallas", num_heads=2), "rocm")
     with pytest.raises(UserInputError, match="power of two of at least 16"):
         dataclasses.replace(CONFIG, attention="pallas", hidden_size=36, num_heads=3)  # head dim 12
     with pytest.raises(UserInputError, match="power of two of at least 16"):
