@@ -8,13 +8,18 @@ compares each with the whole corpus's and the two seeds' with each other. The to
 first share_n * K entries of each length n of the 800K build (the quotas `--size K` gives, but
 for a length whose candidates run out). For each K: overlap = shared entries / entries of the
 reference's list; on the shared entries the Spearman correlation of the PMI scores and the
-median absolute score difference. Two samples of one corpus share documents (about N/W of
-them); so do a sample and the corpus: the figures say how far a sample is from the corpus it
-came from, not from an independent corpus.
+median absolute score difference. Each sample is also compared with the next smaller one of
+its seed (against_smaller: does the list still move between consecutive sizes?), and each
+build records its candidates per length (n-grams that clear --min-count) beside its quota.
+Two samples of one corpus share documents (about N/W of them); so do a sample and the corpus:
+these figures say how far a sample is from the corpus it came from, not from an independent
+corpus. `--disjoint D` answers that for text files: documents i with i % D == 0 and == 1 form
+two samples of W/D words that share no document, compared with each other.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -60,12 +65,30 @@ def compare(a: dict[str, float], b: dict[str, float]) -> dict:
             "median_abs_score_diff": float(np.median(np.abs(x - y))) if shared else None}
 
 
+def disjoint_parts(inputs: list[str], work: str, parts: int) -> tuple[str, str]:
+    """Documents i % parts == 0 and == 1 of the text files, in two files (blank-line-separated)."""
+    paths = [os.path.join(work, f"part{parts}_{j}.txt") for j in (0, 1)]
+    with open(paths[0], "w", encoding="utf-8") as a, open(paths[1], "w", encoding="utf-8") as b:
+        index, document = 0, []
+        for path in inputs:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in [*f, "\n"]:
+                    if line.strip():
+                        document.append(line)
+                    elif document:
+                        if index % parts < 2:
+                            (a, b)[index % parts].write("".join(document) + "\n")
+                        index, document = index + 1, []
+    return paths[0], paths[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("corpus", nargs="+")
     parser.add_argument("--words", type=float, nargs="+", required=True, help="sample sizes (whitespace words)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--k", type=int, nargs="+", default=[800_000, 100_000, 10_000, 1_000])
+    parser.add_argument("--disjoint", type=int, nargs="*", default=[], help="D: compare two disjoint W/D samples")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="sample_study-")
@@ -76,19 +99,32 @@ def main() -> None:
         record = {"corpus": args.corpus, "whole": {k: whole_stats[k] for k in ("words", "documents", "vocabulary_size",
                                                                                "selected", "candidates")},
                   "whole_cpu_s": whole_cpu, "samples": []}
+        smaller = {}
         for n in (int(w) for w in args.words):
             built = {}
             for seed in args.seeds:
                 stats, rows, cpu = build(args.corpus, os.path.join(work, f"s{n}_{seed}"), n, seed)
                 built[seed] = rows
                 row = {"sample_words": n, "seed": seed, "words": stats["words"], "documents": stats["documents"],
-                       "vocabulary_size": stats["vocabulary_size"], "cpu_s": cpu,
+                       "vocabulary_size": stats["vocabulary_size"], "candidates": stats["candidates"],
+                       "selected": stats["selected"], "cpu_s": cpu,
                        "against_whole": {k: compare(top_k(rows, k), top_k(whole_rows, k)) for k in args.k}}
+                if seed in smaller:
+                    row["against_smaller"] = {k: compare(top_k(smaller[seed], k), top_k(rows, k)) for k in args.k}
                 record["samples"].append(row)
                 print(json.dumps(row), flush=True)
+            smaller = built
             a, b = args.seeds[:2]
             record["samples"].append({"sample_words": n, "seeds": [a, b],
                                       "between_seeds": {k: compare(top_k(built[a], k), top_k(built[b], k))
+                                                        for k in args.k}})
+            print(json.dumps(record["samples"][-1]), flush=True)
+        for parts in args.disjoint:
+            halves = [build([path], os.path.join(work, f"d{parts}_{j}"), 0, 0)
+                      for j, path in enumerate(disjoint_parts(args.corpus, work, parts))]
+            record["samples"].append({"disjoint_parts": parts, "words": [h[0]["words"] for h in halves],
+                                      "candidates": [h[0]["candidates"] for h in halves],
+                                      "between_parts": {k: compare(top_k(halves[0][1], k), top_k(halves[1][1], k))
                                                         for k in args.k}})
             print(json.dumps(record["samples"][-1]), flush=True)
         with open(args.output, "w") as f:
