@@ -4,8 +4,8 @@
     nice -n 10 .venv/bin/python benchmarks/debian_docs.py debs --output debian_docs.txt
 
 Each .deb is unpacked (dpkg-deb -x, no root needed) into a scratch folder and read there:
-HTML pages, PDF manuals (pdftotext from poppler-utils; only from packages that ship no HTML,
-so that no manual is read twice), POD, man pages and dictd dictionaries. One document per page,
+HTML pages or PDF manuals (pdftotext from poppler-utils), whichever of the two a package ships
+more of, so that no manual is read twice; POD, man pages and dictd dictionaries. One document per page,
 manual or run of dictionary entries; one paragraph a line, documents separated by blank lines
 (preprocess/text/documents.py). Prose only: code listings (<pre>, verbatim POD, .nf/.EX man
 blocks) are left out, and so is any paragraph less than 60% of whose tokens look like words;
@@ -31,15 +31,18 @@ import tempfile
 # Debian bookworm (the snapshot this VM's apt points at). Mostly technical documentation: the
 # distribution has no large general-prose package (bible-kjv-text is in a binary format).
 PACKAGES = """
-apache2-doc cppreference-doc-en-html debian-handbook debian-policy debian-reference-en
-developers-reference dict-devil dict-foldoc dict-gcide dict-jargon dict-wn erlang-doc exim4-doc-html
-ffmpeg-doc ghc-doc gimp-help-en git-doc gnucash-docs libreoffice-help-en-us lilypond-doc-html
-linux-doc-6.1 manpages manpages-dev maxima-doc nodejs-doc octave-doc openjdk-17-doc perl-doc
-postgresql-doc-15 python-astropy-doc python-django-doc python-pandas-doc python-scipy-doc
-python-sklearn-doc python-statsmodels-doc python-sympy-doc python3.11-doc qtbase5-doc-html
-racket-doc rust-doc sagemath-doc sphinx-doc texlive-humanities-doc texlive-latex-base-doc
-texlive-latex-extra-doc texlive-latex-recommended-doc texlive-pictures-doc texlive-publishers-doc
-texlive-science-doc twisted-doc
+apache2-doc bacula-doc clips-doc cppreference-doc-en-html csound-doc debian-handbook debian-policy
+debian-reference-en developers-reference dict-devil dict-foldoc dict-gcide dict-jargon dict-wn
+erlang-doc exim4-doc-html ffmpeg-doc ghc-doc gimp-help-en git-doc gnucash-docs gnumeric-doc
+grass-doc lammps-doc libreoffice-help-en-us lilypond-doc-html linux-doc-6.1 manpages manpages-dev
+maxima-doc nodejs-doc ns3-doc octave-doc openjdk-17-doc perl-doc postgresql-doc-15 povray-doc
+python-astropy-doc python-biopython-doc python-dask-doc python-django-doc python-pandas-doc
+python-scipy-doc python-skimage-doc python-sklearn-doc python-statsmodels-doc python-sympy-doc
+python3.11-doc qtbase5-doc-html racket-doc rust-doc sagemath-doc sphinx-doc texlive-bibtex-extra
+texlive-fonts-extra-doc texlive-games texlive-humanities-doc texlive-lang-english
+texlive-latex-base-doc texlive-latex-extra-doc texlive-latex-recommended-doc texlive-luatex
+texlive-metapost-doc texlive-music texlive-pictures-doc texlive-plain-generic texlive-pstricks-doc
+texlive-publishers-doc texlive-science-doc twisted-doc wireshark-doc
 """.split()
 
 _MIN_WORDS = 50
@@ -157,12 +160,12 @@ def read_file(task: tuple[str, str, str]) -> list[list[str]]:
     return [{"html": html_paragraphs, "pod": pod_paragraphs, "man": man_paragraphs}[kind](data)]
 
 
-def file_kind(path: str, package_has_html: bool) -> str | None:
+def file_kind(path: str, pages: str) -> str | None:
     name = os.path.basename(path)
     if name.endswith((".html", ".htm")):
-        return "html"
-    if name.endswith(".pdf") and not package_has_html:
-        return "pdf"
+        return "html" if pages == "html" else None
+    if name.endswith(".pdf"):
+        return "pdf" if pages == "pdf" else None
     if name.endswith(".pod"):
         return "pod"
     if "/share/man/man" in path and re.search(r"\.\d\w*(\.gz)?$", name):
@@ -202,8 +205,9 @@ def read_package(deb: str, corpus: Corpus, pdftotext: str, pool) -> dict:
     with tempfile.TemporaryDirectory(prefix="debian_docs-") as root:
         subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
         paths = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names)
-        has_html = any(p.endswith((".html", ".htm")) for p in paths)
-        tasks = [(kind, p, pdftotext) for p in paths if (kind := file_kind(p, has_html))]
+        html_pages = sum(p.endswith((".html", ".htm")) for p in paths)
+        pages = "pdf" if sum(p.endswith(".pdf") for p in paths) > html_pages else "html"
+        tasks = [(kind, p, pdftotext) for p in paths if (kind := file_kind(p, pages))]
         totals = {"files": len(tasks), "documents": 0, "words": 0, "duplicate_words": 0}
         for documents in pool.map(read_file, tasks, chunksize=8):
             for paragraphs in documents:

@@ -82,6 +82,13 @@ def disjoint_parts(inputs: list[str], work: str, parts: int) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
+def save(record: dict, path: str) -> None:
+    """After every comparison, atomically: a long study that is stopped keeps what it measured."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("corpus", nargs="+")
@@ -113,12 +120,14 @@ def main() -> None:
                     row["against_smaller"] = {k: compare(top_k(smaller[seed], k), top_k(rows, k)) for k in args.k}
                 record["samples"].append(row)
                 print(json.dumps(row), flush=True)
+                save(record, args.output)
             smaller = built
             a, b = args.seeds[:2]
             record["samples"].append({"sample_words": n, "seeds": [a, b],
                                       "between_seeds": {k: compare(top_k(built[a], k), top_k(built[b], k))
                                                         for k in args.k}})
             print(json.dumps(record["samples"][-1]), flush=True)
+            save(record, args.output)
         for parts in args.disjoint:
             halves = [build([path], os.path.join(work, f"d{parts}_{j}"), 0, 0)
                       for j, path in enumerate(disjoint_parts(args.corpus, work, parts))]
@@ -127,8 +136,8 @@ def main() -> None:
                                       "between_parts": {k: compare(top_k(halves[0][1], k), top_k(halves[1][1], k))
                                                         for k in args.k}})
             print(json.dumps(record["samples"][-1]), flush=True)
-        with open(args.output, "w") as f:
-            json.dump(record, f, indent=1)
+            save(record, args.output)
+        save(record, args.output)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
