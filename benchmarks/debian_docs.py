@@ -31,18 +31,17 @@ import tempfile
 # Debian bookworm (the snapshot this VM's apt points at). Mostly technical documentation: the
 # distribution has no large general-prose package (bible-kjv-text is in a binary format).
 PACKAGES = """
-apache2-doc bacula-doc clips-doc cppreference-doc-en-html csound-doc debian-handbook debian-policy
+apache2-doc bacula-doc cppreference-doc-en-html csound-doc debian-handbook debian-policy
 debian-reference-en developers-reference dict-devil dict-foldoc dict-gcide dict-jargon dict-wn
-erlang-doc exim4-doc-html ffmpeg-doc ghc-doc gimp-help-en git-doc gnucash-docs gnumeric-doc
-grass-doc lammps-doc libreoffice-help-en-us lilypond-doc-html linux-doc-6.1 manpages manpages-dev
+erlang-doc exim4-doc-html ffmpeg-doc ghc-doc gimp-help-en git-doc gnucash-docs
+grass-doc libreoffice-help-en-us lilypond-doc-html linux-doc-6.1 manpages manpages-dev
 maxima-doc nodejs-doc ns3-doc octave-doc openjdk-17-doc perl-doc postgresql-doc-15 povray-doc
 python-astropy-doc python-biopython-doc python-dask-doc python-django-doc python-pandas-doc
 python-scipy-doc python-skimage-doc python-sklearn-doc python-statsmodels-doc python-sympy-doc
 python3.11-doc qtbase5-doc-html racket-doc rust-doc sagemath-doc sphinx-doc texlive-bibtex-extra
 texlive-fonts-extra-doc texlive-games texlive-humanities-doc texlive-lang-english
 texlive-latex-base-doc texlive-latex-extra-doc texlive-latex-recommended-doc texlive-luatex
-texlive-metapost-doc texlive-music texlive-pictures-doc texlive-plain-generic texlive-pstricks-doc
-texlive-publishers-doc texlive-science-doc twisted-doc wireshark-doc
+texlive-metapost-doc texlive-music texlive-pictures-doc texlive-plain-generic
 """.split()
 
 _MIN_WORDS = 50

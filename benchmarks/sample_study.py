@@ -45,22 +45,26 @@ def build(inputs: list[str], out: str, words: int, seed: int) -> tuple[dict, dic
     return stats, rows, cpu
 
 
-def top_k(rows, k: int) -> dict[str, float]:
+def top_k(rows, k: int) -> dict[tuple[int, str], float]:
     shares = vocab_selection.default_shares(5)
     kept, seen = {}, {}
     for gram, n, _, score in rows:
         seen[n] = seen.get(n, 0) + 1
         if seen[n] <= int(shares[n - 2] * k):
-            kept[gram] = score
+            kept[(n, gram)] = score
     return kept
 
 
-def compare(a: dict[str, float], b: dict[str, float]) -> dict:
+def compare(a: dict[tuple[int, str], float], b: dict[tuple[int, str], float]) -> dict:
+    """Overlap (all lengths, and per length n) relative to b's list; score agreement on the shared."""
     from scipy import stats
 
     shared = sorted(set(a) & set(b))
     x, y = np.array([a[g] for g in shared]), np.array([b[g] for g in shared])
+    lengths = sorted({n for n, _ in b})
+    by_length = {str(n): sum(m == n for m, _ in shared) / sum(m == n for m, _ in b) for n in lengths}
     return {"reference_entries": len(b), "entries": len(a), "overlap": len(shared) / max(len(b), 1),
+            "overlap_by_length": by_length,
             "spearman": float(stats.spearmanr(x, y).statistic) if len(shared) > 2 else None,
             "median_abs_score_diff": float(np.median(np.abs(x - y))) if shared else None}
 
