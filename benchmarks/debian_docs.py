@@ -1,12 +1,16 @@
-"""A large real English corpus for benchmarks/sample_study.py: the prose of Debian packages.
+"""A large real English corpus for benchmarks/sample_study.py: the prose of 63 Debian packages.
 
-    mkdir debs && cd debs && apt-get download $(python3 ../benchmarks/debian_docs.py --packages)
+    mkdir debs && (cd debs && apt-get download $(python3 ../benchmarks/debian_docs.py --packages))
     nice -n 10 .venv/bin/python benchmarks/debian_docs.py debs --output debian_docs.txt
 
+pdftotext: `apt-get install poppler-utils`, or without root `apt-get download poppler-utils
+libpoppler126 libopenjp2-7`, `dpkg-deb -x` each, and pass --pdftotext a script that sets
+LD_LIBRARY_PATH to the unpacked usr/lib/x86_64-linux-gnu. Versions: OUTPUT.json names each .deb.
+
 Each .deb is unpacked (dpkg-deb -x, no root needed) into a scratch folder and read there:
-HTML pages or PDF manuals (pdftotext from poppler-utils), whichever of the two a package ships
-more of, so that no manual is read twice; POD, man pages and dictd dictionaries. One document per page,
-manual or run of dictionary entries; one paragraph a line, documents separated by blank lines
+HTML pages or PDF manuals, whichever of the two a package ships more of, so that no manual is
+read twice; POD, man pages and dictd dictionaries. One document per page, manual or run of
+dictionary entries; one paragraph a line, documents separated by blank lines
 (preprocess/text/documents.py). Prose only: code listings (<pre>, verbatim POD, .nf/.EX man
 blocks) are left out, and so is any paragraph less than 60% of whose tokens look like words;
 a paragraph already seen anywhere earlier (packages by name, files by path) is dropped, which
