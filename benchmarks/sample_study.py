@@ -14,7 +14,9 @@ build records its candidates per length (n-grams that clear --min-count) beside 
 Two samples of one corpus share documents (about N/W of them); so do a sample and the corpus:
 these figures say how far a sample is from the corpus it came from, not from an independent
 corpus. `--disjoint D` answers that for text files: documents i with i % D == 0 and == 1 form
-two samples of W/D words that share no document, compared with each other.
+two samples of W/D words that share no document, compared with each other. A sample of
+fraction f sees each count times f, so its --min-count 11 is the whole corpus's 11 / f:
+`--scaled-reference` compares the last seed's sample with the whole corpus's list at that count.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ from pmi_jax.formats import masking_vocab  # noqa: E402
 from pmi_jax.preprocess.vocab import build_vocab, vocab_selection  # noqa: E402
 
 
-def build(inputs: list[str], out: str, words: int, seed: int) -> tuple[dict, dict[str, tuple[int, float]], float]:
-    options = build_vocab.VocabOptions(size=800_000, min_count=11, workers=1, sample_words=words, sample_seed=seed)
+def build(inputs: list[str], out: str, words: int, seed: int, min_count: int = 11) -> tuple[dict, list, float]:
+    options = build_vocab.VocabOptions(size=800_000, min_count=min_count, workers=1, sample_words=words,
+                                       sample_seed=seed)
     started = time.process_time()
     stats = build_vocab.build_vocabulary(inputs, out, options, overwrite=True)
     cpu = time.process_time() - started
@@ -99,6 +102,8 @@ def main() -> None:
     parser.add_argument("--words", type=float, nargs="+", required=True, help="sample sizes (whitespace words)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--k", type=int, nargs="+", default=[800_000, 100_000, 10_000, 1_000])
+    parser.add_argument("--scaled-reference", action="store_true",
+                        help="also compare each sample with the whole corpus's list at --min-count 11 / fraction")
     parser.add_argument("--disjoint", type=int, nargs="*", default=[], help="D: compare two disjoint W/D samples")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
@@ -126,6 +131,13 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 save(record, args.output)
             smaller = built
+            if args.scaled_reference:
+                scaled = round(11 * whole_stats["words"] / record["samples"][-1]["words"])
+                _, scaled_rows, _ = build(args.corpus, os.path.join(work, f"whole_{scaled}"), 0, 0, scaled)
+                record["samples"].append({"sample_words": n, "sample_seed": args.seeds[-1], "whole_min_count": scaled,
+                                          "against_scaled_whole": {k: compare(top_k(built[args.seeds[-1]], k),
+                                                                              top_k(scaled_rows, k)) for k in args.k}})
+                print(json.dumps(record["samples"][-1]), flush=True)
             a, b = args.seeds[:2]
             record["samples"].append({"sample_words": n, "seeds": [a, b],
                                       "between_seeds": {k: compare(top_k(built[a], k), top_k(built[b], k))
