@@ -58,6 +58,16 @@ def top_k(rows, k: int) -> dict[tuple[int, str], float]:
     return kept
 
 
+def near_threshold(rows, min_count: int = 11) -> dict[str, dict[str, float]]:
+    """Per length, the median count of the list's entries and the share seen under 2 * min_count
+    times: how much of the list sits where a sample's counts (times f) fall below the cut."""
+    counts = {}
+    for _, n, count, _ in rows:
+        counts.setdefault(n, []).append(count)
+    return {str(n): {"median": float(np.median(c)), "under_twice_min_count": float(np.mean(np.array(c) < 2 * min_count))}
+            for n, c in sorted(counts.items())}
+
+
 def compare(a: dict[tuple[int, str], float], b: dict[tuple[int, str], float]) -> dict:
     """Overlap (all lengths, and per length n) relative to b's list; score agreement on the shared."""
     from scipy import stats
@@ -114,7 +124,7 @@ def main() -> None:
               f"{whole_cpu:.1f} CPU-s", flush=True)
         record = {"corpus": args.corpus, "whole": {k: whole_stats[k] for k in ("words", "documents", "vocabulary_size",
                                                                                "selected", "candidates")},
-                  "whole_cpu_s": whole_cpu, "samples": []}
+                  "whole_cpu_s": whole_cpu, "whole_counts": near_threshold(whole_rows), "samples": []}
         smaller = {}
         for n in (int(w) for w in args.words):
             built = {}
