@@ -64,7 +64,8 @@ def near_threshold(rows, min_count: int = 11) -> dict[str, dict[str, float]]:
     counts = {}
     for _, n, count, _ in rows:
         counts.setdefault(n, []).append(count)
-    return {str(n): {"median": float(np.median(c)), "under_twice_min_count": float(np.mean(np.array(c) < 2 * min_count))}
+    return {str(n): {"median": float(np.median(c)),
+                     "under_twice_min_count": float(np.mean(np.array(c) < 2 * min_count))}
             for n, c in sorted(counts.items())}
 
 
