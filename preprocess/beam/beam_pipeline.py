@@ -7,7 +7,9 @@ run them when given `--runner`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import os
 import re
 from typing import Iterator, Sequence
 
@@ -137,3 +139,50 @@ def user_errors_in_one_line() -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
+
+
+# glibc's mallopt parameters (malloc.h) and the values `returning_freed_memory` gives them.
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
+_MMAP_THRESHOLD_BYTES, _ARENA_MAX = 128 * 1024, 2
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(_MMAP_THRESHOLD_BYTES), "MALLOC_ARENA_MAX": str(_ARENA_MAX)}
+
+
+@contextlib.contextmanager
+def returning_freed_memory(pipeline_options) -> Iterator[None]:
+    """On the DirectRunner: a fixed glibc mmap threshold and two malloc arenas, in this process and
+    in the worker processes it starts (they inherit the environment).
+
+    The runner process holds each stage's output and decodes every grouped element, the workers
+    receive whole partitions: large blocks, freed stage after stage. glibc raises its mmap
+    threshold each time such a block is freed, so later ones come from the heap, which keeps its
+    peak; resident memory ratcheted up stage by stage (docs/dataflow.md, "Memory"). Elsewhere (Dataflow's
+    workers are not started from here) nothing changes; the mallopt call stays for this process.
+    """
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = pipeline_options.view_as(StandardOptions).runner
+    libc = _glibc()
+    if runner not in ("DirectRunner", "direct") or libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_ARENA_MAX, _ARENA_MAX)
+    saved = {name: os.environ.get(name) for name in _MALLOC_ENV}
+    os.environ.update(_MALLOC_ENV)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt  # noqa: B018  (absent from other C libraries)
+        return libc
+    except (OSError, AttributeError):
+        return None
