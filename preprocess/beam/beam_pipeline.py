@@ -142,21 +142,24 @@ def user_errors_in_one_line() -> Iterator[None]:
 
 
 # glibc's mallopt parameters (malloc.h) and the values `returning_freed_memory` gives them.
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
-_MMAP_THRESHOLD_BYTES, _ARENA_MAX = 128 * 1024, 2
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(_MMAP_THRESHOLD_BYTES), "MALLOC_ARENA_MAX": str(_ARENA_MAX)}
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_MALLOPT = {_M_MMAP_THRESHOLD: 1 << 20, _M_TRIM_THRESHOLD: 32 << 20, _M_ARENA_MAX: 2}
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(32 << 20),
+               "MALLOC_ARENA_MAX": "2"}
 
 
 @contextlib.contextmanager
 def returning_freed_memory(pipeline_options) -> Iterator[None]:
-    """On the DirectRunner: a fixed glibc mmap threshold and two malloc arenas, in this process and
-    in the worker processes it starts (they inherit the environment).
+    """On the DirectRunner: fixed glibc malloc thresholds and two arenas, in this process and in
+    the worker processes it starts (they inherit the environment).
 
     The runner process holds each stage's output and decodes every grouped element, the workers
     receive whole partitions: large blocks, freed stage after stage. glibc raises its mmap
     threshold each time such a block is freed, so later ones come from the heap, which keeps its
-    peak; resident memory ratcheted up stage by stage (docs/dataflow.md, "Memory"). Elsewhere (Dataflow's
-    workers are not started from here) nothing changes; the mallopt call stays for this process.
+    peak: resident memory ratcheted up stage by stage. Blocks of 1 MiB or more are now mapped and
+    unmapped, the heap is trimmed past 32 MiB free (a smaller mmap or trim threshold saves a little
+    more memory for 40% more CPU time: benchmarks/README.md, "Issue 35"). Dataflow's workers are
+    not started from here: there nothing changes; this process keeps the mallopt values.
     """
     from apache_beam.options.pipeline_options import StandardOptions
 
@@ -165,8 +168,8 @@ def returning_freed_memory(pipeline_options) -> Iterator[None]:
     if runner not in ("DirectRunner", "direct") or libc is None:
         yield
         return
-    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    libc.mallopt(_M_ARENA_MAX, _ARENA_MAX)
+    for parameter, value in _MALLOPT.items():
+        libc.mallopt(parameter, value)
     saved = {name: os.environ.get(name) for name in _MALLOC_ENV}
     os.environ.update(_MALLOC_ENV)
     try:
