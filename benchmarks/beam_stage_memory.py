@@ -7,8 +7,8 @@ Runs preprocess/beam/beam_vocab.py with the DirectRunner and 2 worker processes
 (multi_processing), as `pmi-jax vocab build --runner DirectRunner --direct_num_workers 2`.
 Before each bundle the runner starts, it prints the stage's name and the anonymous memory (RssAnon)
 of the runner process and of its worker processes; a sampler (every 0.3 s) keeps the peak of
-their sum and where it happened. `--malloc off` runs without `beam_pipeline.returning_freed_memory`
-(glibc's defaults), to compare. The sampler hooks a private method of Beam's FnApiRunner
+their sum and where it happened. The pipeline runs inside `malloc_thresholds.direct_runner_malloc()`
+as the commands run it; `--malloc off` runs it with glibc's defaults, to compare. The sampler hooks a private method of Beam's FnApiRunner
 (`_execute_bundle`, apache-beam 2.77): a measuring tool, not pipeline code.
 """
 from __future__ import annotations
@@ -58,10 +58,9 @@ def main() -> None:
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-    from pmi_jax.preprocess.beam import beam_pipeline, beam_vocab
+    from pmi_jax.preprocess.beam import beam_vocab
+    from pmi_jax.preprocess.vocab.malloc_thresholds import direct_runner_malloc
 
-    if args.malloc == "off":
-        beam_pipeline.returning_freed_memory = lambda options: contextlib.nullcontext()
     stage, peak, started = ["start"], {"total": 0}, time.perf_counter()
 
     def sample() -> None:
@@ -84,7 +83,8 @@ def main() -> None:
     threading.Thread(target=sample, daemon=True).start()
     options = PipelineOptions(["--runner", "DirectRunner", "--direct_num_workers", "2",
                                "--direct_running_mode", "multi_processing"])
-    with tempfile.TemporaryDirectory() as tmp:
+    malloc = direct_runner_malloc() if args.malloc == "on" else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as tmp, malloc:
         beam_vocab.build_vocabulary([args.corpus], os.path.join(tmp, "vocab"), pipeline_options=options)
     print(f"peak {peak['total']} MB: runner {peak['runner']} MB, workers {peak['workers']} MB, "
           f"during {peak['stage'][:120]}")

@@ -5,6 +5,7 @@ cut into a plain text file and a gzipped JSON-lines file so that both readers ru
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import gzip
@@ -121,14 +122,15 @@ def test_direct_runner_worker_processes_get_the_fixed_malloc_thresholds(monkeypa
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
 
-    from pmi_jax.preprocess.beam import beam_pipeline
+    from pmi_jax.preprocess.beam import beam_options
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "7")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     options = PipelineOptions(["--runner", "DirectRunner", "--direct_num_workers", "2",
                                "--direct_running_mode", "multi_processing"])
-    with beam_pipeline.returning_freed_memory(options), beam.Pipeline(options=options) as pipeline:
+    with beam_options.malloc_for_runner(argparse.Namespace(runner="DirectRunner")), \
+            beam.Pipeline(options=options) as pipeline:
         # A lambda: pickled by value, for worker processes that cannot import this test module.
         seen = pipeline | beam.Create([0, 1]) | beam.Map(
             lambda _, names=_MALLOC_NAMES: {name: __import__("os").environ.get(name) for name in names})
@@ -137,7 +139,7 @@ def test_direct_runner_worker_processes_get_the_fixed_malloc_thresholds(monkeypa
         assert_that(seen, equal_to([expected, expected]))
     assert {name: os.environ.get(name) for name in _MALLOC_NAMES} == {
         "MALLOC_MMAP_THRESHOLD_": None, "MALLOC_TRIM_THRESHOLD_": None, "MALLOC_ARENA_MAX": "7"}
-    with beam_pipeline.returning_freed_memory(PipelineOptions(["--runner", "DataflowRunner"])):
+    with beam_options.malloc_for_runner(argparse.Namespace(runner="DataflowRunner")):
         assert os.environ.get("MALLOC_ARENA_MAX") == "7"
         assert "MALLOC_MMAP_THRESHOLD_" not in os.environ and "MALLOC_TRIM_THRESHOLD_" not in os.environ
 

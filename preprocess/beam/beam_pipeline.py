@@ -7,9 +7,7 @@ run them when given `--runner`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import os
 import re
 from typing import Iterator, Sequence
 
@@ -139,53 +137,3 @@ def user_errors_in_one_line() -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.removeFilter(quiet)
-
-
-# glibc's mallopt parameters (malloc.h) and the values `returning_freed_memory` gives them.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-_MALLOPT = {_M_MMAP_THRESHOLD: 1 << 20, _M_TRIM_THRESHOLD: 32 << 20, _M_ARENA_MAX: 2}
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(32 << 20),
-               "MALLOC_ARENA_MAX": "2"}
-
-
-@contextlib.contextmanager
-def returning_freed_memory(pipeline_options) -> Iterator[None]:
-    """On the DirectRunner: fixed glibc malloc thresholds and two arenas, in this process and in
-    the worker processes it starts (they inherit the environment).
-
-    The runner process holds each stage's output and decodes every grouped element, the workers
-    receive whole partitions: large blocks, freed stage after stage. glibc raises its mmap
-    threshold each time such a block is freed, so later ones come from the heap, which keeps its
-    peak: resident memory ratcheted up stage by stage. Blocks of 1 MiB or more are now mapped and
-    unmapped, the heap is trimmed past 32 MiB free (a smaller mmap or trim threshold saves a little
-    more memory for 40% more CPU time: benchmarks/README.md, "Issue 35"). Dataflow's workers are
-    not started from here: there nothing changes; this process keeps the mallopt values.
-    """
-    from apache_beam.options.pipeline_options import StandardOptions
-
-    runner = pipeline_options.view_as(StandardOptions).runner
-    libc = _glibc()
-    if runner not in ("DirectRunner", "direct") or libc is None:
-        yield
-        return
-    for parameter, value in _MALLOPT.items():
-        libc.mallopt(parameter, value)
-    saved = {name: os.environ.get(name) for name in _MALLOC_ENV}
-    os.environ.update(_MALLOC_ENV)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _glibc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt  # noqa: B018  (absent from other C libraries)
-        return libc
-    except (OSError, AttributeError):
-        return None

@@ -114,9 +114,8 @@ def _run(config, plan, pipeline_options) -> dict:
     todo = [t.id for t in plan.todo]
     if not todo and storage.gfile.exists(local.corpus_json_path(config.output)):
         return local.finish_prepare(plan)  # killed after its last shard, before metadata.json
-    pipeline_options = pipeline_options or beam_options.direct_runner()
-    with beam_pipeline.user_errors_in_one_line(), beam_pipeline.returning_freed_memory(pipeline_options), \
-            beam.Pipeline(options=pipeline_options) as pipeline:
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         if train:
             texts = pipeline | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
             if config.wordpiece_sample_words:

@@ -296,9 +296,8 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
     hf_tokenizer.select(options.tokenizer, options.cased)  # a bad --tokenizer fails here, before the pipeline
-    pipeline_options = pipeline_options or beam_options.direct_runner()
-    with beam_pipeline.user_errors_in_one_line(), beam_pipeline.returning_freed_memory(pipeline_options), \
-            beam.Pipeline(options=pipeline_options) as pipeline:
+    with beam_pipeline.user_errors_in_one_line(), \
+            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:
         return json.load(f)
