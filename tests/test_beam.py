@@ -5,6 +5,7 @@ cut into a plain text file and a gzipped JSON-lines file so that both readers ru
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import gzip
@@ -108,6 +109,39 @@ def test_beam_prepare_equals_the_local_prepare(corpus, local_vocab, tmp_path):
 def test_existing_vocabulary_output_is_refused_before_any_work(corpus, local_vocab):
     with pytest.raises(UserInputError, match="already exists"):
         beam_vocab.build_vocabulary([str(corpus)], str(local_vocab), VOCAB)
+
+
+_MALLOC_NAMES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+
+
+def test_direct_runner_worker_processes_get_the_fixed_malloc_thresholds(monkeypatch):
+    """The DirectRunner's worker processes are started with the fixed mmap threshold and arena
+    count (what keeps their resident memory from ratcheting up stage by stage); the caller's
+    environment is as before afterwards, and a Dataflow launch is left alone."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pmi_jax.preprocess.beam import beam_options
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "7")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    options = PipelineOptions(["--runner", "DirectRunner", "--direct_num_workers", "2",
+                               "--direct_running_mode", "multi_processing"])
+    with beam_options.malloc_for_runner(argparse.Namespace(runner="DirectRunner")), \
+            beam.Pipeline(options=options) as pipeline:
+        # A lambda: pickled by value, for worker processes that cannot import this test module.
+        seen = pipeline | beam.Create([0, 1]) | beam.Map(
+            lambda _, names=_MALLOC_NAMES: {name: __import__("os").environ.get(name) for name in names})
+        expected = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_TRIM_THRESHOLD_": str(32 << 20),
+                    "MALLOC_ARENA_MAX": "2"}
+        assert_that(seen, equal_to([expected, expected]))
+    assert {name: os.environ.get(name) for name in _MALLOC_NAMES} == {
+        "MALLOC_MMAP_THRESHOLD_": None, "MALLOC_TRIM_THRESHOLD_": None, "MALLOC_ARENA_MAX": "7"}
+    with beam_options.malloc_for_runner(argparse.Namespace(runner="DataflowRunner")):
+        assert os.environ.get("MALLOC_ARENA_MAX") == "7"
+        assert "MALLOC_MMAP_THRESHOLD_" not in os.environ and "MALLOC_TRIM_THRESHOLD_" not in os.environ
 
 
 @pytest.mark.parametrize("command", [["vocab", "build"], ["corpus", "prepare"]])

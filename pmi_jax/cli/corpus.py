@@ -103,7 +103,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         if args.runner:
             from pmi_jax.preprocess.beam import beam_prepare
 
-            metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
+            with beam_options.malloc_for_runner(args):
+                metadata = beam_prepare.prepare(config, beam_options.pipeline_options(args))
         else:
             metadata = prepare(config)
     for split, stats in metadata["splits"].items():

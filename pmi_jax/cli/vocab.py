@@ -95,8 +95,9 @@ def run_build(args: argparse.Namespace) -> int:
         if args.runner:
             from pmi_jax.preprocess.beam import beam_vocab
 
-            stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
-                                                pipeline_options=beam_options.pipeline_options(args))
+            with beam_options.malloc_for_runner(args):
+                stats = beam_vocab.build_vocabulary(args.input, args.output, options, overwrite=args.overwrite,
+                                                    pipeline_options=beam_options.pipeline_options(args))
         else:
             from pmi_jax.preprocess.vocab.malloc_thresholds import large_array_malloc
 

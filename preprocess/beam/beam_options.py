@@ -14,6 +14,7 @@ build a container with `pip install -c constraints.txt -e '.[beam]'` and pass
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 _DATAFLOW_FLAGS = (
     # (flag, metavar, help)
@@ -70,3 +71,11 @@ def direct_runner():
     from apache_beam.options.pipeline_options import PipelineOptions
 
     return PipelineOptions(["--runner", "DirectRunner"])
+
+
+def malloc_for_runner(args: argparse.Namespace):
+    """The commands' malloc thresholds for the runner chosen: `direct_runner_malloc` around a
+    DirectRunner pipeline (preprocess/vocab/malloc_thresholds.py); on Dataflow nothing here matters."""
+    from pmi_jax.preprocess.vocab.malloc_thresholds import direct_runner_malloc
+
+    return direct_runner_malloc() if args.runner == "DirectRunner" else contextlib.nullcontext()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
 import time
 from typing import Iterable, Iterator, Sequence
 
@@ -209,13 +210,13 @@ def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinc
             "index": {n: s.index for n, s in selection.items()}, "stats": stats}
 
 
-def covered_words(batch: BatchWords, vocabulary, levels, selected: dict, min_count: int, max_n: int) -> int:
+def covered_words(batch: BatchWords, vocabulary, levels, selected_index: dict, min_count: int, max_n: int) -> int:
     """Words of the batch inside at least one occurrence of a selected n-gram (the local coverage pass)."""
     from pmi_jax.preprocess.vocab.coverage import covered_words as count_covered
 
     table = counts_table(vocabulary, levels, min_count)
     stream, _ = batch_stream(batch, vocabulary, max_n - 1, table)
-    return count_covered(stream, table, selected["index"], workers=1, chunk_positions=max(stream.length, 1))
+    return count_covered(stream, table, selected_index, workers=1, chunk_positions=max(stream.length, 1))
 
 
 def write(selected: dict, output: str, started: float, covered: int, invalid_utf8_bytes: int) -> None:
@@ -269,9 +270,11 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
                 | "Select" >> beam.Map(select, options, list(files), vocabulary=vocabulary, levels=all_levels,
                                        totals=beam.pvalue.AsSingleton(totals),
                                        distinct_words=beam.pvalue.AsSingleton(distinct_words)))
+    # Coverage needs only the selected n-grams' indices: the vocabulary's text and statistics (one
+    # Python object per entry) go to the write alone, not to every worker that reads a batch.
+    selected_index = beam.pvalue.AsSingleton(selected | "SelectedIndex" >> beam.Map(operator.itemgetter("index")))
     covered = (batches
-               | "Coverage" >> beam.Map(covered_words, vocabulary, all_levels, beam.pvalue.AsSingleton(selected),
-                                        min_count, max_n)
+               | "Coverage" >> beam.Map(covered_words, vocabulary, all_levels, selected_index, min_count, max_n)
                | "SumCoverage" >> beam.CombineGlobally(sum))
     _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered),
                                        beam.pvalue.AsSingleton(invalid))

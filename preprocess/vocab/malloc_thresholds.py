@@ -5,7 +5,8 @@ the vocabulary build's multi-megabyte numpy temporaries come from the heap inste
 page-faulting mmaps (benchmarks/README.md, "Figures moved from module docstrings"). The
 thresholds belong to the process, so only the command and the benchmark that want them set
 them; the block ends by restoring glibc's defaults or the environment's. Not glibc: the block
-changes nothing. Details: docs/design.md, "Module notes", malloc_thresholds.py.
+changes nothing. `direct_runner_malloc()` sets the Beam DirectRunner's thresholds the same way.
+Details: docs/design.md, "Module notes", malloc_thresholds.py.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import ctypes
 import os
 from typing import Iterator
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # mallopt parameters, from glibc's malloc.h
 LARGE_ARRAY_THRESHOLDS = {M_MMAP_THRESHOLD: 64 << 20, M_TRIM_THRESHOLD: 512 << 20}
+DIRECT_RUNNER_THRESHOLDS = {M_MMAP_THRESHOLD: 1 << 20, M_TRIM_THRESHOLD: 32 << 20}
+DIRECT_RUNNER_ARENAS = 2
 # glibc's values at start-up (malloc/malloc.c: DEFAULT_MMAP_THRESHOLD_MIN, DEFAULT_TRIM_THRESHOLD),
 # and the environment variables that override them.
 _START_VALUES = {M_MMAP_THRESHOLD: (128 << 10, "MALLOC_MMAP_THRESHOLD_"),
@@ -45,17 +48,51 @@ def start_values() -> dict[int, int]:
 _active: list[dict[int, int]] = []  # the values each enclosing block set, innermost last
 
 
-@contextlib.contextmanager
-def large_array_malloc() -> Iterator[None]:
+def large_array_malloc():
     """Raise the mmap and trim thresholds for the block; on exit, set what was in force before it."""
+    return _thresholds(LARGE_ARRAY_THRESHOLDS)
+
+
+@contextlib.contextmanager
+def direct_runner_malloc() -> Iterator[None]:
+    """For a Beam DirectRunner pipeline run inside the block: fixed, low thresholds and two arenas,
+    here and in the worker processes it starts (they inherit the environment, restored on exit).
+
+    The runner holds each stage's output and decodes every grouped element, the workers receive
+    whole partitions: large blocks freed stage after stage. With glibc's sliding mmap threshold
+    they came from the heap, which keeps its peak, and memory ratcheted up stage by stage
+    (benchmarks/README.md, "Where the DirectRunner's memory went"). The arena limit stays set in
+    this process: glibc takes no value that restores its default.
+    """
+    variables = {variable: str(DIRECT_RUNNER_THRESHOLDS[parameter])
+                 for parameter, (_, variable) in _START_VALUES.items()}
+    variables["MALLOC_ARENA_MAX"] = str(DIRECT_RUNNER_ARENAS)
+    saved = {name: os.environ.get(name) for name in variables}
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_ARENA_MAX, DIRECT_RUNNER_ARENAS)
+    os.environ.update(variables)
+    try:
+        with _thresholds(DIRECT_RUNNER_THRESHOLDS):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _thresholds(thresholds: dict[int, int]) -> Iterator[None]:
     libc = _glibc()
     if libc is None:
         yield
         return
     before = _active[-1] if _active else start_values()
-    for parameter, value in LARGE_ARRAY_THRESHOLDS.items():
+    for parameter, value in thresholds.items():
         libc.mallopt(parameter, value)
-    _active.append(LARGE_ARRAY_THRESHOLDS)
+    _active.append(thresholds)
     try:
         yield
     finally:
