@@ -65,6 +65,35 @@ def test_beam_vocabulary_equals_the_local_build(corpus, local_vocab, tmp_path):
     assert local_stats["counted_ngrams"]["3"] > local_stats["candidates"]["3"]
 
 
+def test_a_stage_that_missed_data_stops_the_build_before_anything_is_written(corpus, tmp_path, monkeypatch):
+    """What each level's stage read and summed is checked against the corpus's totals: counts lost
+    in a combine, or batches that never reached a stage, fail the build before it writes."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    with pytest.raises(beam_vocab.IncompleteStage, match="3-gram stage .* summed 79 of the 80"):
+        beam_vocab.check_levels([(2, [100, 90], 90), (3, [98, 80], 79)], [4, 102, 100, 98])
+    with pytest.raises(beam_vocab.IncompleteStage, match="2-gram stage read 99 of"):
+        beam_vocab.check_levels([(2, [99, 90], 90)], [4, 102, 100, 98])
+    beam_vocab.check_levels([(2, [100, 90], 90), (3, [98, 80], 80)], [4, 102, 100, 98])
+
+    real = beam_vocab.level_counts
+
+    def no_batch_for_2grams(batch, n, *args):  # a Count stage that never received the batches
+        if n == 2:
+            yield beam.pvalue.TaggedOutput("read", [0, 0])
+            return
+        yield from real(batch, n, *args)
+
+    out = tmp_path / "vocab"
+    with monkeypatch.context() as m:
+        m.setattr(beam_vocab, "level_counts", no_batch_for_2grams)
+        with pytest.raises(beam_vocab.IncompleteStage, match="2-gram stage read 0 of"):
+            beam_vocab.build_vocabulary([str(corpus / "a.txt")], str(out), VOCAB,
+                                        pipeline_options=PipelineOptions(direct_runner()))
+    assert not out.exists()
+
+
 def test_beams_batch_words_stay_exact_when_two_word_keys_collide(monkeypatch):
     """Every long word of one length gets the same key: the batch falls back to exact strings."""
     import numpy as np

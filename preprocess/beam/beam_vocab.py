@@ -121,17 +121,20 @@ def batch_stream(batch: BatchWords, vocabulary, longest: int, table):
 def level_counts(batch: BatchWords, n: int, vocabulary, min_count: int, *shorter) -> Iterator[tuple[int, tuple]]:
     """Partial counts of one batch's n-grams whose two (n-1)-sub-grams are frequent (the local
     `LevelPass`, given the frequent shorter n-grams `shorter`), as sorted (keys, counts) arrays,
-    one pair per hash partition of the local counter: the key a combine sums them by."""
+    one pair per hash partition of the local counter: the key a combine sums them by. On the
+    output "read": [the batch's n-gram positions, the n-grams counted], for `check_levels`."""
     from pmi_jax.preprocess.vocab.ngram_counts import LevelPass
 
-    if len(batch[1]) == 0:
-        return
-    table = counts_table(vocabulary, shorter, min_count)
-    stream, positions = batch_stream(batch, vocabulary, n - 2, table)
-    parts, _ = LevelPass(n, positions, table, store=lambda values, start: None, chunk=stream.length)(0)
-    for partition, (keys, counts) in enumerate(parts):
-        if len(keys):
-            yield partition, (keys, counts)
+    counted = 0
+    if len(batch[1]):
+        table = counts_table(vocabulary, shorter, min_count)
+        stream, positions = batch_stream(batch, vocabulary, n - 2, table)
+        parts, _ = LevelPass(n, positions, table, store=lambda values, start: None, chunk=stream.length)(0)
+        for partition, (keys, counts) in enumerate(parts):
+            if len(keys):
+                counted += int(counts.sum())
+                yield partition, (keys, counts)
+    yield beam.pvalue.TaggedOutput("read", [batch_totals(batch, n)[n], counted])
 
 
 class SumCounts(beam.CombineFn):
@@ -161,11 +164,12 @@ class SumCounts(beam.CombineFn):
         return sum_by_key(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def extract_output(self, accumulator):
+        """(frequent keys, their counts, distinct keys, the sum of all counts: for `check_levels`)."""
         if not accumulator:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0
         keys, counts = self._sum(accumulator)
         keep = counts >= self._min_count
-        return keys[keep], counts[keep], len(keys)
+        return keys[keep], counts[keep], len(keys), int(counts.sum())
 
 
 def concatenate_level(parts: list, n: int) -> tuple:
@@ -183,16 +187,38 @@ def tag(value, n: int):
     return n, value
 
 
+def level_read(read: list[int], n: int, summed: int) -> tuple[int, list[int], int]:
+    return n, read, summed
+
+
+class IncompleteStage(RuntimeError):
+    """A stage saw other totals than the batches hold: the runner lost or repeated data."""
+
+
+def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[int]) -> None:
+    """Every level read every batch ([positions, counted] summed per level against the Totals
+    stage's positions) and its combine summed every count it was given. Silent loss between
+    stages was seen once (a 100M-word DirectRunner build under memory pressure, benchmarks/README.md):
+    a build that fails here has written nothing."""
+    for n, (positions, counted), summed in sorted(read):
+        if positions != totals[n] or counted != summed:
+            raise IncompleteStage(
+                f"the Beam vocabulary build's {n}-gram stage read {positions:,} of the corpus's {totals[n]:,} "
+                f"{n}-gram positions and summed {summed:,} of the {counted:,} n-grams it counted: the runner "
+                "lost or repeated data between stages; nothing was written: run the build again")
+
+
 # ---------------------------------------------------------------------------------------------
 # Selection: the local code, on the table the levels make
 
 
-def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinct_words: int) -> dict:
+def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinct_words: int, read=()) -> dict:
     """Score, rank and cut with pmi_jax.preprocess.vocab.build_vocab; return what the later stages need."""
     from pmi_jax.preprocess.vocab import build_vocab
 
     if totals[1] == 0:
         raise UserInputError(f"--input {' '.join(files)}: no words in {len(files)} file(s)")
+    check_levels(read, totals)
     table = counts_table(vocabulary, levels, options.min_count, totals, distinct_words)
     # The local build's own selection and statistics, so that both paths rank and report alike.
     selection = build_vocab.select_ngrams(table, options)
@@ -210,20 +236,28 @@ def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinc
             "index": {n: s.index for n, s in selection.items()}, "stats": stats}
 
 
-def covered_words(batch: BatchWords, vocabulary, levels, selected_index: dict, min_count: int, max_n: int) -> int:
-    """Words of the batch inside at least one occurrence of a selected n-gram (the local coverage pass)."""
+def covered_words(batch: BatchWords, vocabulary, levels, selected_index: dict, min_count: int,
+                  max_n: int) -> list[int]:
+    """[words of the batch inside at least one occurrence of a selected n-gram (the local coverage
+    pass), the batch's words]: the second checked against the corpus's by `write`."""
     from pmi_jax.preprocess.vocab.coverage import covered_words as count_covered
 
     table = counts_table(vocabulary, levels, min_count)
     stream, _ = batch_stream(batch, vocabulary, max_n - 1, table)
-    return count_covered(stream, table, selected_index, workers=1, chunk_positions=max(stream.length, 1))
+    return [count_covered(stream, table, selected_index, workers=1, chunk_positions=max(stream.length, 1)),
+            len(batch[1])]
 
 
-def write(selected: dict, output: str, started: float, covered: int, invalid_utf8_bytes: int) -> None:
+def write(selected: dict, output: str, started: float, covered: list[int], invalid_utf8_bytes: int) -> None:
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
 
     stats = dict(selected["stats"])
+    covered, words = covered
+    if words != stats["words"]:
+        raise IncompleteStage(f"the Beam vocabulary build's coverage stage read {words:,} of the corpus's "
+                              f"{stats['words']:,} words: the runner lost or repeated data between stages; "
+                              "nothing was written: run the build again")
     stats["coverage"] = covered / stats["words"]
     stats["invalid_utf8_bytes"] = invalid_utf8_bytes
     stats["elapsed_seconds"] = round(time.time() - started, 3)
@@ -255,27 +289,36 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
         | "FrequentWordList" >> beam.combiners.ToList()
         | "WordIndex" >> beam.Map(word_index))
     # Level by level, as the local build: counting n-grams needs the frequent (n-1)-grams.
-    levels = []
+    levels, read = [], []
     for n in range(2, max_n + 1):
-        levels.append(batches
-                      | f"Count{n}" >> beam.FlatMap(level_counts, n, vocabulary, min_count,
-                                                    *map(beam.pvalue.AsSingleton, levels))
+        counted = (batches
+                   | f"Count{n}" >> beam.FlatMap(level_counts, n, vocabulary, min_count,
+                                                 *map(beam.pvalue.AsSingleton, levels)).with_outputs("read", main="parts"))
+        partitions = (counted.parts
                       | f"Sum{n}" >> beam.CombinePerKey(SumCounts(min_count))
-                      | f"Partitions{n}" >> beam.Values()
+                      | f"Partitions{n}" >> beam.Values())
+        levels.append(partitions
                       | f"Partitions{n}List" >> beam.combiners.ToList()
                       | f"Level{n}" >> beam.Map(concatenate_level, n))
+        summed = beam.pvalue.AsSingleton(partitions
+                                         | f"Summed{n}" >> beam.Map(operator.itemgetter(3))
+                                         | f"SumSummed{n}" >> beam.CombineGlobally(sum))
+        read.append(counted.read
+                    | f"SumRead{n}" >> beam.CombineGlobally(functools.partial(add_vectors, size=2))
+                    | f"Read{n}" >> beam.Map(level_read, n, summed))
     all_levels = beam.pvalue.AsList(levels | "AllLevels" >> beam.Flatten())
     selected = (pipeline
                 | "Start" >> beam.Create([None])
                 | "Select" >> beam.Map(select, options, list(files), vocabulary=vocabulary, levels=all_levels,
                                        totals=beam.pvalue.AsSingleton(totals),
-                                       distinct_words=beam.pvalue.AsSingleton(distinct_words)))
+                                       distinct_words=beam.pvalue.AsSingleton(distinct_words),
+                                       read=beam.pvalue.AsList(read | "AllRead" >> beam.Flatten())))
     # Coverage needs only the selected n-grams' indices: the vocabulary's text and statistics (one
     # Python object per entry) go to the write alone, not to every worker that reads a batch.
     selected_index = beam.pvalue.AsSingleton(selected | "SelectedIndex" >> beam.Map(operator.itemgetter("index")))
     covered = (batches
                | "Coverage" >> beam.Map(covered_words, vocabulary, all_levels, selected_index, min_count, max_n)
-               | "SumCoverage" >> beam.CombineGlobally(sum))
+               | "SumCoverage" >> beam.CombineGlobally(functools.partial(add_vectors, size=2)))
     _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered),
                                        beam.pvalue.AsSingleton(invalid))
 
