@@ -202,6 +202,27 @@ def test_same_inputs_give_identical_bytes_and_resume_finishes_a_killed_run(corpu
     assert _bytes_of(output) == reference
 
 
+def test_shards_missing_a_document_are_never_marked_complete(corpus, tmp_path):
+    """A shard whose record holds one document fewer than was read (what a runner that loses data
+    between reading and writing leaves) stops the run before metadata.json is written."""
+    from pmi_jax.preprocess.corpus import prepare as prepare_module
+
+    output = tmp_path / "data"
+
+    def lose_a_document(task):
+        record = output / ".progress" / f"{task.name}.json"
+        stats = json.loads(record.read_text())
+        if stats["documents"] and not lost:
+            stats["documents"] -= 1
+            record.write_text(json.dumps(stats))
+            lost.append(task.name)
+
+    lost = []
+    with pytest.raises(prepare_module.IncompleteShards, match="hold .* of the corpus's .* documents"):
+        prepare(_config(corpus, output), on_shard_done=lose_a_document)
+    assert lost and not (output / "metadata.json").exists()
+
+
 def test_workers_do_not_change_the_output(corpus, prepared, tmp_path):
     config, _ = prepared
     prepare(_config(corpus, tmp_path / "data", workers=2))

@@ -674,6 +674,10 @@ def _recorded(output: str, tasks: list[ShardTask]) -> list[ShardTask | None]:
     return [t if t.name + ".json" in names else None for t in tasks]
 
 
+class IncompleteShards(RuntimeError):
+    """The shards do not hold every document that was read."""
+
+
 def finish_prepare(plan: PreparePlan) -> dict:
     """Once every shard is written: metadata.json last (it marks the directory complete), then tidy up."""
     output = plan.config.output
@@ -681,6 +685,11 @@ def finish_prepare(plan: PreparePlan) -> dict:
     corpus = read_json(corpus_json_path(output))
     metadata = _metadata(plan.config, corpus, tokens, plan.given_wordpiece is None, plan.units, plan.tasks,
                          plan.fingerprint)
+    held = sum(split["documents"] for split in metadata["splits"].values())
+    if held != corpus["documents"]:  # a runner that lost or repeated documents (benchmarks/README.md, issue 35)
+        raise IncompleteShards(f"the shards of {output} hold {held:,} of the corpus's {corpus['documents']:,} "
+                               "documents: documents were lost or repeated between reading and writing; nothing "
+                               "marks the directory complete: run the same command with --overwrite")
     if plan.tokenizer is not None:
         metadata["tokenizer"] = {"path": prepared_corpus.TOKENIZER_FILE, "source": plan.tokenizer.source,
                                  "model": plan.tokenizer.model, "sha256": plan.tokenizer.sha256,
