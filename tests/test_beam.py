@@ -76,6 +76,8 @@ def test_a_stage_that_missed_data_stops_the_build_before_anything_is_written(cor
     with pytest.raises(beam_vocab.IncompleteStage, match="2-gram stage read 99 of"):
         beam_vocab.check_levels([(2, [99, 90], 90)], [4, 102, 100, 98])
     beam_vocab.check_levels([(2, [100, 90], 90), (3, [98, 80], 80)], [4, 102, 100, 98])
+    with pytest.raises(beam_vocab.IncompleteStage, match="1-gram stage read 101 of the corpus's 102"):
+        beam_vocab.check_levels([beam_vocab.words_read(101), (2, [100, 90], 90)], [4, 102, 100, 98])
 
     real = beam_vocab.level_counts
 

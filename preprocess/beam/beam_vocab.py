@@ -191,15 +191,19 @@ def level_read(read: list[int], n: int, summed: int) -> tuple[int, list[int], in
     return n, read, summed
 
 
+def words_read(total: int) -> tuple[int, list[int], int]:
+    return level_read([total, total], 1, total)
+
+
 class IncompleteStage(RuntimeError):
     """A stage saw other totals than the batches hold: the runner lost or repeated data."""
 
 
 def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[int]) -> None:
     """Every level read every batch ([positions, counted] summed per level against the Totals
-    stage's positions) and its combine summed every count it was given. Silent loss between
-    stages was seen once (a 100M-word DirectRunner build under memory pressure, benchmarks/README.md):
-    a build that fails here has written nothing."""
+    stage's positions; level 1: the words counted) and its combine summed every count it was
+    given. The DirectRunner was seen to drop whole batches before a stage at 100M words
+    (benchmarks/README.md, issue 35): a build that fails here has written nothing."""
     for n, (positions, counted), summed in sorted(read):
         if positions != totals[n] or counted != summed:
             raise IncompleteStage(
@@ -289,7 +293,11 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
         | "FrequentWordList" >> beam.combiners.ToList()
         | "WordIndex" >> beam.Map(word_index))
     # Level by level, as the local build: counting n-grams needs the frequent (n-1)-grams.
-    levels, read = [], []
+    levels = []
+    read = [words
+            | "WordTotal" >> beam.Values()
+            | "SumWordTotal" >> beam.CombineGlobally(sum)
+            | "Read1" >> beam.Map(words_read)]
     for n in range(2, max_n + 1):
         counted = (batches
                    | f"Count{n}" >> beam.FlatMap(level_counts, n, vocabulary, min_count,
