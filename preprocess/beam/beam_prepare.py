@@ -7,10 +7,9 @@ lists file names and sizes and claims the output; each worker reads whole files 
 document to its shard (`prepare.routed_documents`: a hash of the text); a group by shard brings
 each shard's documents to one worker, which restores corpus order and writes the shard
 (`prepare.ShardWriter.write`); wordpiece counts in parallel (without --wordpiece; of the same
-seeded sample as the local run with --wordpiece-sample-words); metadata.json
-here. The same inputs give byte-identical shards, vocab.txt and metadata.json; a rerun writes
-only the missing shards, after the workers have checked the digests of those already written. Stages in full: docs/design.md, "Module notes", beam_prepare.py.
-"""
+seeded sample as the local run with --wordpiece-sample-words); metadata.json here. The same inputs
+give byte-identical shards, vocab.txt and metadata.json; a rerun writes only the missing shards,
+once the workers have checked the digests of those written. Stages: docs/design.md, "Module notes"."""
 from __future__ import annotations
 
 from typing import Iterable, Iterator, Sequence

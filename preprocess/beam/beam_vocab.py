@@ -299,9 +299,8 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
             | "SumWordTotal" >> beam.CombineGlobally(sum)
             | "Read1" >> beam.Map(words_read)]
     for n in range(2, max_n + 1):
-        counted = (batches
-                   | f"Count{n}" >> beam.FlatMap(level_counts, n, vocabulary, min_count,
-                                                 *map(beam.pvalue.AsSingleton, levels)).with_outputs("read", main="parts"))
+        count = beam.FlatMap(level_counts, n, vocabulary, min_count, *map(beam.pvalue.AsSingleton, levels))
+        counted = batches | f"Count{n}" >> count.with_outputs("read", main="parts")
         partitions = (counted.parts
                       | f"Sum{n}" >> beam.CombinePerKey(SumCounts(min_count))
                       | f"Partitions{n}" >> beam.Values())
