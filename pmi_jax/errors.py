@@ -1,6 +1,6 @@
-"""The exception types that mean "the user gave us something we cannot use".
+"""The exception types that mean "the user gave us something we cannot use", and `DataLost`.
 
-The CLI prints such an error as a single line and exits with status 2, so every message
+The CLI prints a user's error as a single line and exits with status 2, so every message
 must name the offending input (a path, an option and its value) and say what is wrong.
 """
 from __future__ import annotations
@@ -33,6 +33,11 @@ class PathError(UserInputError):
 
     def __str__(self) -> str:
         return self.line()
+
+
+class DataLost(RuntimeError):
+    """A pipeline's totals disagree between two of its stages: a runner lost or repeated data.
+    Raised before the output is written or marked complete (the Beam builds, `corpus prepare`)."""
 
 
 class OutputExists(PathError):

@@ -17,7 +17,7 @@ import pathlib
 import pytest
 
 from pmi_jax.cli import main
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import DataLost, UserInputError
 from pmi_jax.preprocess.beam import beam_prepare, beam_vocab
 from pmi_jax.preprocess.corpus import prepare
 from pmi_jax.preprocess.vocab import build_vocab
@@ -71,12 +71,12 @@ def test_a_stage_that_missed_data_stops_the_build_before_anything_is_written(cor
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    with pytest.raises(beam_vocab.IncompleteStage, match="3-gram stage .* summed 79 of the 80"):
+    with pytest.raises(DataLost, match="3-gram stage .* summed 79 of the 80"):
         beam_vocab.check_levels([(2, [100, 90], 90), (3, [98, 80], 79)], [4, 102, 100, 98])
-    with pytest.raises(beam_vocab.IncompleteStage, match="2-gram stage read 99 of"):
+    with pytest.raises(DataLost, match="2-gram stage read 99 of"):
         beam_vocab.check_levels([(2, [99, 90], 90)], [4, 102, 100, 98])
     beam_vocab.check_levels([(2, [100, 90], 90), (3, [98, 80], 80)], [4, 102, 100, 98])
-    with pytest.raises(beam_vocab.IncompleteStage, match="1-gram stage read 101 of the corpus's 102"):
+    with pytest.raises(DataLost, match="1-gram stage read 101 of the corpus's 102"):
         beam_vocab.check_levels([beam_vocab.words_read(101), (2, [100, 90], 90)], [4, 102, 100, 98])
 
     real = beam_vocab.level_counts
@@ -90,7 +90,7 @@ def test_a_stage_that_missed_data_stops_the_build_before_anything_is_written(cor
     out = tmp_path / "vocab"
     with monkeypatch.context() as m:
         m.setattr(beam_vocab, "level_counts", no_batch_for_2grams)
-        with pytest.raises(beam_vocab.IncompleteStage, match="2-gram stage read 0 of"):
+        with pytest.raises(DataLost, match="2-gram stage read 0 of"):
             beam_vocab.build_vocabulary([str(corpus / "a.txt")], str(out), VOCAB,
                                         pipeline_options=PipelineOptions(direct_runner()))
     assert not out.exists()

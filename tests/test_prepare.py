@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from pmi_jax.cli import main as cli_main
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import DataLost, UserInputError
 from pmi_jax.formats import prepared_corpus
 from pmi_jax.preprocess.text.documents import expand_inputs, iter_documents
 from pmi_jax.preprocess.corpus.sequence_packing import SequencePacker
@@ -205,8 +205,6 @@ def test_same_inputs_give_identical_bytes_and_resume_finishes_a_killed_run(corpu
 def test_shards_missing_a_document_are_never_marked_complete(corpus, tmp_path):
     """A shard whose record holds one document fewer than was read (what a runner that loses data
     between reading and writing leaves) stops the run before metadata.json is written."""
-    from pmi_jax.preprocess.corpus import prepare as prepare_module
-
     output = tmp_path / "data"
 
     def lose_a_document(task):
@@ -218,7 +216,7 @@ def test_shards_missing_a_document_are_never_marked_complete(corpus, tmp_path):
             lost.append(task.name)
 
     lost = []
-    with pytest.raises(prepare_module.IncompleteShards, match="hold .* of the corpus's .* documents"):
+    with pytest.raises(DataLost, match="hold .* of the corpus's .* documents"):
         prepare(_config(corpus, output), on_shard_done=lose_a_document)
     assert lost and not (output / "metadata.json").exists()
 

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import DataLost, UserInputError
 from pmi_jax.preprocess.beam import beam_options, beam_pipeline
 
 # ---------------------------------------------------------------------------------------------
@@ -195,10 +195,6 @@ def words_read(total: int) -> tuple[int, list[int], int]:
     return level_read([total, total], 1, total)
 
 
-class IncompleteStage(RuntimeError):
-    """A stage saw other totals than the batches hold: the runner lost or repeated data."""
-
-
 def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[int]) -> None:
     """Every level read every batch ([positions, counted] summed per level against the Totals
     stage's positions; level 1: the words counted) and its combine summed every count it was
@@ -206,10 +202,13 @@ def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[in
     (benchmarks/README.md, issue 35): a build that fails here has written nothing."""
     for n, (positions, counted), summed in sorted(read):
         if positions != totals[n] or counted != summed:
-            raise IncompleteStage(
-                f"the Beam vocabulary build's {n}-gram stage read {positions:,} of the corpus's {totals[n]:,} "
-                f"{n}-gram positions and summed {summed:,} of the {counted:,} n-grams it counted: the runner "
-                "lost or repeated data between stages; nothing was written: run the build again")
+            raise _lost(f"{n}-gram stage read {positions:,} of the corpus's {totals[n]:,} {n}-gram positions and "
+                        f"summed {summed:,} of the {counted:,} n-grams it counted")
+
+
+def _lost(what: str) -> DataLost:
+    return DataLost(f"the Beam vocabulary build's {what}: the runner lost or repeated data between stages; "
+                    "nothing was written: run the build again")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,9 +258,7 @@ def write(selected: dict, output: str, started: float, covered: list[int], inval
     stats = dict(selected["stats"])
     covered, words = covered
     if words != stats["words"]:
-        raise IncompleteStage(f"the Beam vocabulary build's coverage stage read {words:,} of the corpus's "
-                              f"{stats['words']:,} words: the runner lost or repeated data between stages; "
-                              "nothing was written: run the build again")
+        raise _lost(f"coverage stage read {words:,} of the corpus's {stats['words']:,} words")
     stats["coverage"] = covered / stats["words"]
     stats["invalid_utf8_bytes"] = invalid_utf8_bytes
     stats["elapsed_seconds"] = round(time.time() - started, 3)

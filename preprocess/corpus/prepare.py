@@ -28,7 +28,7 @@ import tensorflow as tf
 import tqdm
 
 from pmi_jax import storage
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import DataLost, UserInputError
 from pmi_jax.formats import prepared_corpus, wordpiece_vocab
 from pmi_jax.preprocess.corpus import segmentation, wordpiece
 from pmi_jax.preprocess.corpus.prepare_config import PrepareConfig
@@ -674,10 +674,6 @@ def _recorded(output: str, tasks: list[ShardTask]) -> list[ShardTask | None]:
     return [t if t.name + ".json" in names else None for t in tasks]
 
 
-class IncompleteShards(RuntimeError):
-    """The shards do not hold every document that was read."""
-
-
 def finish_prepare(plan: PreparePlan) -> dict:
     """Once every shard is written: metadata.json last (it marks the directory complete), then tidy up."""
     output = plan.config.output
@@ -687,7 +683,7 @@ def finish_prepare(plan: PreparePlan) -> dict:
                          plan.fingerprint)
     held = sum(split["documents"] for split in metadata["splits"].values())
     if held != corpus["documents"]:  # a runner that lost or repeated documents (benchmarks/README.md, issue 35)
-        raise IncompleteShards(f"the shards of {output} hold {held:,} of the corpus's {corpus['documents']:,} "
+        raise DataLost(f"the shards of {output} hold {held:,} of the corpus's {corpus['documents']:,} "
                                "documents: documents were lost or repeated between reading and writing; nothing "
                                "marks the directory complete: run the same command with --overwrite")
     if plan.tokenizer is not None:
