@@ -215,7 +215,7 @@ def _lost(what: str) -> DataLost:
 # Selection: the local code, on the table the levels make
 
 
-def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinct_words: int, read=()) -> dict:
+def select(_, options, files: Sequence[str], vocabulary, levels, totals, distinct_words: int, read) -> dict:
     """Score, rank and cut with pmi_jax.preprocess.vocab.build_vocab; return what the later stages need."""
     from pmi_jax.preprocess.vocab import build_vocab
 
