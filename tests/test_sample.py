@@ -119,3 +119,48 @@ def test_a_negative_sample_is_refused(tmp_path, capsys):
     assert "--sample-words -1" in capsys.readouterr().err
     with pytest.raises(UserInputError, match="--sample-words -5"):
         VocabOptions(sample_words=-5).validated()
+
+
+def _drop_first_kept_batch(monkeypatch):
+    """The sample's filter stage loses one batch of kept documents, as the DirectRunner did."""
+    from pmi_jax.preprocess.beam import beam_pipeline
+
+    real, seen = beam_pipeline.sampled, []
+
+    def losing(batch, seed, cut):
+        for kept in real(batch, seed, cut):
+            seen.append(len(kept))
+            if len(seen) > 1:
+                yield kept
+
+    monkeypatch.setattr(beam_pipeline, "sampled", losing)
+
+
+def test_a_sample_missing_a_batch_stops_both_beam_builds_before_they_write(tmp_path, monkeypatch):
+    """The filter's kept documents are checked against the cut's count of the sample (`lowest` of
+    the corpus, ties included); a lost batch fails `vocab build` and the WordPiece step of `corpus
+    prepare` with nothing written."""
+    from pmi_jax.errors import DataLost
+    from pmi_jax.preprocess.beam import beam_pipeline, beam_prepare, beam_vocab
+    from pmi_jax.preprocess.corpus import prepare
+
+    assert beam_pipeline.check_sample(12, (5, 12)) == 12
+    with pytest.raises(DataLost, match="kept 11 of the sample's 12 documents"):
+        beam_pipeline.check_sample(11, (5, 12))
+    docs = list(itertools.islice(iter_demo_documents(), 600))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(docs) + "\n")
+    _drop_first_kept_batch(monkeypatch)
+    real_read = beam_pipeline._read_batches  # small batches: the sample spans several, and one can go missing
+    monkeypatch.setattr(beam_pipeline, "_read_batches",
+                        lambda path, batch_chars, text_field: real_read(path, 20_000, text_field))
+    options = VocabOptions(size=300, min_count=3, workers=1, sample_words=20_000, sample_seed=2)
+    with pytest.raises(DataLost, match="the sample's filter kept"):
+        beam_vocab.build_vocabulary([str(corpus)], str(tmp_path / "vocab"), options)
+    assert not (tmp_path / "vocab").exists()
+    config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "prepared"), wordpiece_size=800,
+                                   wordpiece_sample_words=20_000, wordpiece_sample_seed=2, seq_len=64,
+                                   validation_fraction=0.0, shards=2, progress=False)
+    with pytest.raises(DataLost, match="the sample's filter kept"):
+        beam_prepare.prepare(config)
+    assert not (tmp_path / "prepared" / "vocab.txt").exists()

@@ -1,4 +1,5 @@
-"""What the two Beam pipelines share: reading the corpus in parallel (runner flags: beam_options.py).
+"""What the two Beam pipelines share: running them, reading the corpus in parallel, a checked
+sample (runner flags: beam_options.py).
 
 `pmi_jax.preprocess.beam.beam_vocab` and `pmi_jax.preprocess.beam.beam_prepare` run the local pipelines' own code
 (`pmi-jax vocab build`, `pmi-jax corpus prepare`) as Apache Beam transforms; those commands
@@ -14,7 +15,7 @@ from typing import Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 
-from pmi_jax.errors import UserInputError
+from pmi_jax.errors import DataLost, UserInputError
 
 # Documents are read and split into words in batches of about this many characters: the
 # unit of parallel work, large enough that per-element overhead vanishes.
@@ -64,10 +65,10 @@ def sample_priorities(batch: Sequence[str], seed: int) -> tuple[np.ndarray, np.n
     return sample.priorities(batch, seed), sample.whitespace_words(batch)
 
 
-def sampled(batch: Sequence[str], seed: int, cut: int) -> Iterator[list[str]]:
+def sampled(batch: Sequence[str], seed: int, cut: tuple[int, int]) -> Iterator[list[str]]:
     from pmi_jax.preprocess.text import sample
 
-    kept = sample.in_sample(batch, seed, cut)
+    kept = sample.in_sample(batch, seed, cut[0])
     if kept:
         yield kept
 
@@ -92,29 +93,60 @@ class SampleCut(beam.CombineFn):
         return sample.lowest(np.concatenate([a[0] for a in accumulators]),
                              np.concatenate([a[1] for a in accumulators]), self._target)
 
-    def extract_output(self, accumulator) -> int:
+    def extract_output(self, accumulator) -> tuple[int, int]:
+        """(the cut, the sample's documents): `lowest` of the whole corpus is the sample, ties included."""
         from pmi_jax.preprocess.text import sample
 
-        return sample.cut(*accumulator, self._target)
+        priority, words = sample.lowest(*accumulator, self._target)
+        return sample.cut(priority, words, self._target), len(priority)
+
+
+def check_sample(kept: int, cut: tuple[int, int]) -> int:
+    """The filter kept every document of the sample (a runner can drop batches between stages, as
+    Beam's DirectRunner did: direct_data_plane.py); the kept count, for the step a loss must stop."""
+    if kept != cut[1]:
+        raise DataLost(f"the sample's filter kept {kept:,} of the sample's {cut[1]:,} documents: the runner lost "
+                       "or repeated data between stages; nothing was written: run it again")
+    return kept
 
 
 class SampleDocuments(beam.PTransform):
-    """Batches of documents -> batches of the sampled ones: the cut found in parallel, then a filter."""
+    """Batches of documents -> batches of the sampled ones: the cut found in parallel, then a filter.
+
+    `checked` (set by applying it) is the kept document count, checked against the cut's: give it
+    as a side input to the step that writes, so that a sample missing a batch writes nothing."""
 
     def __init__(self, words: int, seed: int):
         super().__init__()
         self._words, self._seed = words, seed
 
     def expand(self, texts):
-        cut = (texts
-               | "Priorities" >> beam.Map(sample_priorities, self._seed)
-               | "Cut" >> beam.CombineGlobally(SampleCut(self._words)))
-        return texts | "Filter" >> beam.FlatMap(sampled, self._seed, beam.pvalue.AsSingleton(cut))
+        cut = beam.pvalue.AsSingleton(texts
+                                      | "Priorities" >> beam.Map(sample_priorities, self._seed)
+                                      | "Cut" >> beam.CombineGlobally(SampleCut(self._words)))
+        kept = texts | "Filter" >> beam.FlatMap(sampled, self._seed, cut)
+        self.checked = beam.pvalue.AsSingleton(kept
+                                               | "KeptDocuments" >> beam.Map(len)
+                                               | "SumKept" >> beam.CombineGlobally(sum)
+                                               | "CheckSample" >> beam.Map(check_sample, cut))
+        return kept
 
 
 class _DropUserInputErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and isinstance(record.exc_info[1], UserInputError))
+
+
+@contextlib.contextmanager
+def running(options=None) -> Iterator[beam.Pipeline]:
+    """A pipeline to build inside the block; it runs on leaving it (in this process by default),
+    with a bad input reported in one line and the DirectRunner's data plane made safe
+    (`direct_data_plane`)."""
+    from pmi_jax.preprocess.beam import beam_options, direct_data_plane
+
+    with user_errors_in_one_line(), direct_data_plane.without_timed_flush(), \
+            beam.Pipeline(options=options or beam_options.direct_runner()) as pipeline:
+        yield pipeline
 
 
 @contextlib.contextmanager

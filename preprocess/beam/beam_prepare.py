@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Sequence
 import apache_beam as beam
 
 from pmi_jax import storage
-from pmi_jax.preprocess.beam import beam_options, beam_pipeline
+from pmi_jax.preprocess.beam import beam_pipeline
 
 
 class RouteDocuments(beam.DoFn):
@@ -73,19 +73,34 @@ def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
     yield from wordpiece.count_words([batch]).items()
 
 
-def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int, vocab_txt: str,
-                              workers: int | None = None) -> str:
+def _documents(texts, name: str):
+    return beam.pvalue.AsSingleton(texts | f"{name}Documents" >> beam.Map(len)
+                                   | f"Sum{name}Documents" >> beam.CombineGlobally(sum))
+
+
+def _file_documents(file_stats: tuple[int, dict]) -> int:
+    return file_stats[1]["documents"]
+
+
+def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int, vocab_txt: str, read: int,
+                              corpus: int, sample_checked: int | None = None, workers: int | None = None) -> str:
     """Train the WordPiece vocabulary on the summed counts and write vocab.txt (atomically).
 
     It runs on one Beam worker; the learner's passes are counted in `workers` processes (default:
-    that machine's cores), which gives the same vocabulary as one process.
+    that machine's cores), which gives the same vocabulary as one process. The counting read
+    `read` documents, which must be the `corpus` documents that routing read; a sample checks
+    its own (`sample_checked`, a side input only so that this step waits for that check).
     """
     import collections
     import os
 
+    from pmi_jax.errors import DataLost
     from pmi_jax.formats import wordpiece_vocab
     from pmi_jax.preprocess.corpus import wordpiece
 
+    if read != corpus:
+        raise DataLost(f"the Beam WordPiece counting read {read:,} of the corpus's {corpus:,} documents: the runner "
+                       "lost or repeated data between stages; nothing was written: run it again")
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size, workers=workers or os.cpu_count() or 1)
     wordpiece_vocab.write_vocab(vocab_txt, tokens)
     return vocab_txt
@@ -112,8 +127,7 @@ def _check_written(config, plan, pipeline_options):
 
     todo = {t.id for t in plan.todo}
     written = [t for t in plan.tasks if t.id not in todo]
-    with beam_pipeline.user_errors_in_one_line(), \
-            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    with beam_pipeline.running(pipeline_options) as pipeline:
         _ = (pipeline
              | "Written" >> beam.Create(written)
              | "SpreadShards" >> beam.Reshuffle()
@@ -132,25 +146,29 @@ def _run(config, plan, pipeline_options) -> dict:
     todo = [t.id for t in plan.todo]
     if not todo and storage.gfile.exists(local.corpus_json_path(config.output)):
         return local.finish_prepare(plan)  # killed after its last shard, before metadata.json
-    with beam_pipeline.user_errors_in_one_line(), \
-            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
-        if train:
-            texts = pipeline | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
-            if config.wordpiece_sample_words:
-                texts = texts | "Sample" >> beam_pipeline.SampleDocuments(config.wordpiece_sample_words,
-                                                                          config.wordpiece_sample_seed)
-            vocab_ready = (texts
-                           | "CountWords" >> beam.FlatMap(count_batch_words)
-                           | "SumWords" >> beam.CombinePerKey(sum)
-                           | "AllWords" >> beam.combiners.ToList()
-                           | "TrainWordPiece" >> beam.Map(train_and_write_wordpiece, config.wordpiece_size, vocab_txt))
-        else:
-            vocab_ready = pipeline | "VocabExists" >> beam.Create([vocab_txt])
+    with beam_pipeline.running(pipeline_options) as pipeline:
         routed = (pipeline
                   | "Files" >> beam.Create(list(enumerate(files)))
                   | "SpreadFiles" >> beam.Reshuffle()
                   | "Route" >> beam.ParDo(RouteDocuments(text_field, plan.assignment, todo)).with_outputs(
                       "files", main="documents"))
+        if train:
+            texts = pipeline | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
+            checks = {"read": _documents(texts, "Read"), "corpus": beam.pvalue.AsSingleton(
+                routed.files | "FileDocuments" >> beam.Map(_file_documents)
+                | "SumFileDocuments" >> beam.CombineGlobally(sum))}
+            if config.wordpiece_sample_words:
+                sample = beam_pipeline.SampleDocuments(config.wordpiece_sample_words, config.wordpiece_sample_seed)
+                texts = texts | "Sample" >> sample
+                checks["sample_checked"] = sample.checked
+            vocab_ready = (texts
+                           | "CountWords" >> beam.FlatMap(count_batch_words)
+                           | "SumWords" >> beam.CombinePerKey(sum)
+                           | "AllWords" >> beam.combiners.ToList()
+                           | "TrainWordPiece" >> beam.Map(train_and_write_wordpiece, config.wordpiece_size, vocab_txt,
+                                                          **checks))
+        else:
+            vocab_ready = pipeline | "VocabExists" >> beam.Create([vocab_txt])
         every_shard = pipeline | "Shards" >> beam.Create([(task, None) for task in todo])
         _ = ((routed.documents, every_shard)
              | "WithEmptyShards" >> beam.Flatten()

@@ -22,7 +22,7 @@ import apache_beam as beam
 import numpy as np
 
 from pmi_jax.errors import DataLost, UserInputError
-from pmi_jax.preprocess.beam import beam_options, beam_pipeline
+from pmi_jax.preprocess.beam import beam_pipeline
 
 # ---------------------------------------------------------------------------------------------
 # Counting: the local build's array code (word_stream, ngram_counts) on one batch at a time
@@ -251,7 +251,10 @@ def covered_words(batch: BatchWords, vocabulary, levels, selected_index: dict, m
             len(batch[1])]
 
 
-def write(selected: dict, output: str, started: float, covered: list[int], invalid_utf8_bytes: int) -> None:
+def write(selected: dict, output: str, started: float, covered: list[int], invalid_utf8_bytes: int,
+          sample_checked: int | None) -> None:
+    """Write the vocabulary; `sample_checked` (`SampleDocuments.checked`) is given only so that a
+    sample that lost a batch fails before this step."""
     from pmi_jax import storage
     from pmi_jax.formats import masking_vocab
 
@@ -275,8 +278,11 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
     max_n, min_count = options.max_n, options.min_count
     read = beam_pipeline.ReadDocumentBatches(files, text_field=options.text_field)
     texts = pipeline | "Read" >> read
+    sample_checked = None
     if options.sample_words:
-        texts = texts | "Sample" >> beam_pipeline.SampleDocuments(options.sample_words, options.sample_seed)
+        sample = beam_pipeline.SampleDocuments(options.sample_words, options.sample_seed)
+        texts = texts | "Sample" >> sample
+        sample_checked = sample.checked
     batches = texts | "Words" >> beam.Map(document_words, options.tokenizer, options.cased)
     invalid = read.invalid_utf8_bytes | "SumInvalid" >> beam.CombineGlobally(sum)
     totals = (batches
@@ -324,7 +330,7 @@ def build_pipeline(pipeline: beam.Pipeline, files: Sequence[str], output: str, o
                | "Coverage" >> beam.Map(covered_words, vocabulary, all_levels, selected_index, min_count, max_n)
                | "SumCoverage" >> beam.CombineGlobally(functools.partial(add_vectors, size=2)))
     _ = selected | "Write" >> beam.Map(write, output, started, beam.pvalue.AsSingleton(covered),
-                                       beam.pvalue.AsSingleton(invalid))
+                                       beam.pvalue.AsSingleton(invalid), sample_checked)
 
 
 def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite: bool = False,
@@ -343,8 +349,7 @@ def build_vocabulary(inputs: Sequence[str], output: str, options=None, overwrite
     files = expand_inputs(inputs)
     check_output_apart(inputs, files, output)
     hf_tokenizer.select(options.tokenizer, options.cased)  # a bad --tokenizer fails here, before the pipeline
-    with beam_pipeline.user_errors_in_one_line(), \
-            beam.Pipeline(options=pipeline_options or beam_options.direct_runner()) as pipeline:
+    with beam_pipeline.running(pipeline_options) as pipeline:
         build_pipeline(pipeline, files, output, options, started)
     with storage.gfile.GFile(storage.join(output, masking_vocab.STATS_JSON)) as f:
         return json.load(f)
