@@ -240,6 +240,17 @@ def test_pipelines_run_with_a_runner_data_plane_that_has_no_timed_flush():
     assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == before
 
 
+def test_a_beam_without_the_flush_setting_is_refused_in_one_line(monkeypatch):
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    from pmi_jax.preprocess.beam import direct_data_plane
+
+    monkeypatch.delattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS")
+    with pytest.raises(UserInputError, match=r"apache-beam [\d.]+: .* install apache-beam as constraints.txt pins"):
+        with direct_data_plane.without_timed_flush():
+            pass
+
+
 @pytest.mark.parametrize("command", [["vocab", "build"], ["corpus", "prepare"]])
 def test_help_documents_the_dataflow_flags(command, capsys):
     with pytest.raises(SystemExit):

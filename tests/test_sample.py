@@ -121,11 +121,10 @@ def test_a_negative_sample_is_refused(tmp_path, capsys):
         VocabOptions(sample_words=-5).validated()
 
 
-def _drop_first_kept_batch(monkeypatch):
-    """The sample's filter stage loses one batch of kept documents, as the DirectRunner did."""
-    from pmi_jax.preprocess.beam import beam_pipeline
-
-    real, seen = beam_pipeline.sampled, []
+def _losing_first_kept_batch(real):
+    """`beam_pipeline.sampled` whose filter drops the first batch of kept documents it makes (in
+    each copy of the stage), as the DirectRunner dropped batches."""
+    seen = []
 
     def losing(batch, seed, cut):
         for kept in real(batch, seed, cut):
@@ -133,7 +132,7 @@ def _drop_first_kept_batch(monkeypatch):
             if len(seen) > 1:
                 yield kept
 
-    monkeypatch.setattr(beam_pipeline, "sampled", losing)
+    return losing
 
 
 def test_a_sample_missing_a_batch_stops_both_beam_builds_before_they_write(tmp_path, monkeypatch):
@@ -150,14 +149,16 @@ def test_a_sample_missing_a_batch_stops_both_beam_builds_before_they_write(tmp_p
     docs = list(itertools.islice(iter_demo_documents(), 600))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(docs) + "\n")
-    _drop_first_kept_batch(monkeypatch)
-    real_read = beam_pipeline._read_batches  # small batches: the sample spans several, and one can go missing
+    real_read, real_sampled = beam_pipeline._read_batches, beam_pipeline.sampled
+    # Small batches: the sample spans several, and one can go missing.
     monkeypatch.setattr(beam_pipeline, "_read_batches",
                         lambda path, batch_chars, text_field: real_read(path, 20_000, text_field))
+    monkeypatch.setattr(beam_pipeline, "sampled", _losing_first_kept_batch(real_sampled))
     options = VocabOptions(size=300, min_count=3, workers=1, sample_words=20_000, sample_seed=2)
     with pytest.raises(DataLost, match="the sample's filter kept"):
         beam_vocab.build_vocabulary([str(corpus)], str(tmp_path / "vocab"), options)
     assert not (tmp_path / "vocab").exists()
+    monkeypatch.setattr(beam_pipeline, "sampled", _losing_first_kept_batch(real_sampled))
     config = prepare.PrepareConfig(inputs=(str(corpus),), output=str(tmp_path / "prepared"), wordpiece_size=800,
                                    wordpiece_sample_words=20_000, wordpiece_sample_seed=2, seq_len=64,
                                    validation_fraction=0.0, shards=2, progress=False)

@@ -12,17 +12,21 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import apache_beam
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+from pmi_jax.errors import UserInputError
+
 _LIMIT = "DATA_BUFFER_TIME_LIMIT_MS"
 
 
 @contextlib.contextmanager
 def without_timed_flush() -> Iterator[None]:
     """Run the pipelines started inside with the runner's timed flush off (restored afterwards)."""
-    from apache_beam.runners.portability.fn_api_runner import worker_handlers
-
     if not isinstance(getattr(worker_handlers, _LIMIT, None), int):
-        raise RuntimeError(f"apache_beam {worker_handlers.__name__}.{_LIMIT} is gone: this Beam is not the one "
-                           "pmi_jax was checked with; install apache-beam as constraints.txt pins it")
+        raise UserInputError(f"apache-beam {apache_beam.__version__}: its FnApiRunner has no {_LIMIT}, which pmi-jax "
+                             "turns off so that the DirectRunner loses no data; install apache-beam as "
+                             "constraints.txt pins it")
     saved = getattr(worker_handlers, _LIMIT)
     setattr(worker_handlers, _LIMIT, 0)
     try:
