@@ -5,8 +5,8 @@
 Elements of --element-bytes are made by one stage and read again by a stage that waits for a side
 input (as `vocab build`'s Count{n} stages read the corpus's batches), then counted. A thread that
 only spins stands in for a loaded launcher (`--load`). Each run is tried with Beam as it is and
-inside `direct_data_plane.without_timed_flush()`; docs/dataflow.md and benchmarks/README.md
-("The DirectRunner's lost batches") give the figures. Each configuration runs in its own process.
+inside `direct_data_plane.without_timed_flush()`; benchmarks/README.md ("Issue 35", "Found:
+Beam's timed flush") gives the figures. Each configuration runs in a process of its own.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def one_run(elements: int, element_bytes: int, mode: str, workers: int, load: bo
         threading.Thread(target=_spin, daemon=True).start()
 
     def record(_, count, total):
-        # The pipeline runs in this process's runner; with worker processes the check runs there,
-        # so it prints and the parent reads the line.
+        # Runs in a worker (in multi_processing a child process sharing this one's stdout): it
+        # prints a line that main() reads.
         print("READ " + json.dumps({"read": count, "id_sum": total}), flush=True)
 
     options = PipelineOptions(["--runner", "DirectRunner", "--direct_num_workers", str(workers),
