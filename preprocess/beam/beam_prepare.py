@@ -73,8 +73,9 @@ def count_batch_words(batch: Sequence[str]) -> Iterator[tuple[str, int]]:
     yield from wordpiece.count_words([batch]).items()
 
 
-def _documents(texts, name: str):
-    return beam.pvalue.AsSingleton(texts | f"{name}Documents" >> beam.Map(len)
+def _documents(pcoll, name: str, count=len):
+    """The sum of `count` over `pcoll`, as a side input: documents, for `train_and_write_wordpiece`."""
+    return beam.pvalue.AsSingleton(pcoll | f"{name}Documents" >> beam.Map(count)
                                    | f"Sum{name}Documents" >> beam.CombineGlobally(sum))
 
 
@@ -154,9 +155,7 @@ def _run(config, plan, pipeline_options) -> dict:
                       "files", main="documents"))
         if train:
             texts = pipeline | "Read" >> beam_pipeline.ReadDocumentBatches(files, text_field=text_field)
-            checks = {"read": _documents(texts, "Read"), "corpus": beam.pvalue.AsSingleton(
-                routed.files | "FileDocuments" >> beam.Map(_file_documents)
-                | "SumFileDocuments" >> beam.CombineGlobally(sum))}
+            checks = {"read": _documents(texts, "Read"), "corpus": _documents(routed.files, "File", _file_documents)}
             if config.wordpiece_sample_words:
                 sample = beam_pipeline.SampleDocuments(config.wordpiece_sample_words, config.wordpiece_sample_seed)
                 texts = texts | "Sample" >> sample
