@@ -54,3 +54,21 @@ def assert_bfloat16_within_the_written_outs_error(got, qkv, g, lengths_B, mask, 
     written_bf16 = written(qkv, g, lengths_B, mask, rate)
     for name, a, w, e in zip(NAMES, got, written_bf16, exact):
         assert np.abs(a - e).max() <= 2 * np.abs(w - e).max() + 0.01 * np.abs(e).max(), name
+
+
+def assert_float32_matches_written(kernel, qkv, g, streams, lengths, rate):
+    """`kernel(qkv, g, lengths_B, streams, rate)` (values and gradients) against the written-out
+    attention with the kernel's own mask, to float32 rounding; padding keys take no part."""
+    lengths_B = jnp.array(lengths)
+    mask = fused_attention.keep_mask(streams, qkv[0].shape[1], rate)
+    got = kernel(qkv, g, lengths_B, streams, rate)
+    assert_float32_close(got, written(qkv, g, lengths_B, mask, rate))
+    assert_padding_keys_take_no_part(got, lengths)
+
+
+def assert_bfloat16_matches_written(kernel, qkv, g, streams, lengths, rate):
+    """`kernel` on bf16 inputs: within `assert_bfloat16_within_the_written_outs_error`."""
+    lengths_B = jnp.array(lengths)
+    mask = fused_attention.keep_mask(streams, qkv[0].shape[1], rate)
+    got = kernel(qkv, g, lengths_B, streams, rate)
+    assert_bfloat16_within_the_written_outs_error(got, qkv, g, lengths_B, mask, rate)

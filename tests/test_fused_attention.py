@@ -25,11 +25,7 @@ def _kernel(qkv, g, lengths_B, streams, rate):
 @pytest.mark.parametrize("rate", [0.1, 0.0])
 def test_float32_values_and_gradients_are_the_written_out_attentions_with_the_same_mask(rate):
     qkv, g, streams = _inputs(jnp.float32)
-    lengths_B = jnp.array(LENGTHS)
-    mask = fused_attention.keep_mask(streams, L, rate)
-    got = _kernel(qkv, g, lengths_B, streams, rate)
-    reference.assert_float32_close(got, reference.written(qkv, g, lengths_B, mask, rate))
-    reference.assert_padding_keys_take_no_part(got, LENGTHS)
+    reference.assert_float32_matches_written(_kernel, qkv, g, streams, LENGTHS, rate)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.0])
@@ -37,10 +33,7 @@ def test_bfloat16_is_as_close_to_float32_as_the_written_out_attention_in_bfloat1
     """The written-out path rounds probabilities to bf16 before the product; the kernel rounds them
     too, in other blocks (the bound: reference.assert_bfloat16_within_the_written_outs_error)."""
     qkv, g, streams = _inputs(jnp.bfloat16)
-    lengths_B = jnp.array(LENGTHS)
-    mask = fused_attention.keep_mask(streams, L, rate)
-    got = _kernel(qkv, g, lengths_B, streams, rate)
-    reference.assert_bfloat16_within_the_written_outs_error(got, qkv, g, lengths_B, mask, rate)
+    reference.assert_bfloat16_matches_written(_kernel, qkv, g, streams, LENGTHS, rate)
 
 
 def test_same_streams_same_bits_and_the_backward_regenerates_the_forwards_mask():

@@ -25,21 +25,14 @@ def _kernel(qkv, g, lengths_B, streams, rate):
 @pytest.mark.parametrize("rate, heads, head_dim", [(0.1, H, K), (0.0, H, K), (0.1, 2, 16)])
 def test_float32_values_and_gradients_are_the_written_out_attentions_with_the_same_mask(rate, heads, head_dim):
     qkv, g, streams = _inputs(jnp.float32, heads, head_dim)
-    lengths_B = jnp.array(LENGTHS)
-    mask = fused_attention.keep_mask(streams, L, rate)
-    got = _kernel(qkv, g, lengths_B, streams, rate)
-    reference.assert_float32_close(got, reference.written(qkv, g, lengths_B, mask, rate))
-    reference.assert_padding_keys_take_no_part(got, LENGTHS)
+    reference.assert_float32_matches_written(_kernel, qkv, g, streams, LENGTHS, rate)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.0])
 def test_bfloat16_is_as_close_to_float32_as_the_written_out_attention_in_bfloat16(rate):
     """The bound: reference.assert_bfloat16_within_the_written_outs_error."""
     qkv, g, streams = _inputs(jnp.bfloat16)
-    lengths_B = jnp.array(LENGTHS)
-    mask = fused_attention.keep_mask(streams, L, rate)
-    got = _kernel(qkv, g, lengths_B, streams, rate)
-    reference.assert_bfloat16_within_the_written_outs_error(got, qkv, g, lengths_B, mask, rate)
+    reference.assert_bfloat16_matches_written(_kernel, qkv, g, streams, LENGTHS, rate)
 
 
 def test_the_gpu_kernel_and_the_tpu_kernel_give_the_same_values_from_the_same_streams():
