@@ -39,6 +39,11 @@ class DataLost(RuntimeError):
     """A pipeline's totals disagree between two of its stages: a runner lost or repeated data.
     Raised before the output is written or marked complete (the Beam builds, `corpus prepare`)."""
 
+    @classmethod
+    def between_stages(cls, what: str) -> "DataLost":
+        """`what` disagreed inside a Beam pipeline, which therefore wrote nothing."""
+        return cls(f"{what}: the runner lost or repeated data between stages; nothing was written: run it again")
+
 
 class OutputExists(PathError):
     """An output that exists where replacing it was not asked for; the command says how to ask."""

@@ -105,8 +105,7 @@ def check_sample(kept: int, cut: tuple[int, int]) -> int:
     """The filter kept every document of the sample (a runner can drop batches between stages, as
     Beam's DirectRunner did: direct_data_plane.py); the kept count, for the step a loss must stop."""
     if kept != cut[1]:
-        raise DataLost(f"the sample's filter kept {kept:,} of the sample's {cut[1]:,} documents: the runner lost "
-                       "or repeated data between stages; nothing was written: run it again")
+        raise DataLost.between_stages(f"the sample's filter kept {kept:,} of the sample's {cut[1]:,} documents")
     return kept
 
 

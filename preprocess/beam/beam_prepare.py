@@ -100,8 +100,7 @@ def train_and_write_wordpiece(word_counts: Sequence[tuple[str, int]], size: int,
     from pmi_jax.preprocess.corpus import wordpiece
 
     if read != corpus:
-        raise DataLost(f"the Beam WordPiece counting read {read:,} of the corpus's {corpus:,} documents: the runner "
-                       "lost or repeated data between stages; nothing was written: run it again")
+        raise DataLost.between_stages(f"the Beam WordPiece counting read {read:,} of the corpus's {corpus:,} documents")
     tokens = wordpiece.train_vocab(collections.Counter(dict(word_counts)), size, workers=workers or os.cpu_count() or 1)
     wordpiece_vocab.write_vocab(vocab_txt, tokens)
     return vocab_txt

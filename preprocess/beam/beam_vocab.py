@@ -198,8 +198,8 @@ def words_read(total: int) -> tuple[int, list[int], int]:
 def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[int]) -> None:
     """Every level read every batch ([positions, counted] summed per level against the Totals
     stage's positions; level 1: the words counted) and its combine summed every count it was
-    given. The DirectRunner was seen to drop whole batches before a stage at 100M words
-    (benchmarks/README.md, issue 35): a build that fails here has written nothing."""
+    given. A runner can drop batches between stages, as Beam's DirectRunner did
+    (direct_data_plane.py): a build that fails here has written nothing."""
     for n, (positions, counted), summed in sorted(read):
         if positions != totals[n] or counted != summed:
             raise _lost(f"{n}-gram stage read {positions:,} of the corpus's {totals[n]:,} {n}-gram positions and "
@@ -207,8 +207,7 @@ def check_levels(read: Sequence[tuple[int, list[int], int]], totals: Sequence[in
 
 
 def _lost(what: str) -> DataLost:
-    return DataLost(f"the Beam vocabulary build's {what}: the runner lost or repeated data between stages; "
-                    "nothing was written: run the build again")
+    return DataLost.between_stages(f"the Beam vocabulary build's {what}")
 
 
 # ---------------------------------------------------------------------------------------------
