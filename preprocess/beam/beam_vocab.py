@@ -183,10 +183,6 @@ def concatenate_level(parts: list, n: int) -> tuple:
     return n, keys[order], counts[order], sum(p[2] for p in parts)
 
 
-def tag(value, n: int):
-    return n, value
-
-
 def level_read(read: list[int], n: int, summed: int) -> tuple[int, list[int], int]:
     return n, read, summed
 

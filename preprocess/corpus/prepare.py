@@ -684,8 +684,8 @@ def finish_prepare(plan: PreparePlan) -> dict:
     held = sum(split["documents"] for split in metadata["splits"].values())
     if held != corpus["documents"]:  # a runner that lost or repeated documents (benchmarks/README.md, issue 35)
         raise DataLost(f"the shards of {output} hold {held:,} of the corpus's {corpus['documents']:,} "
-                               "documents: documents were lost or repeated between reading and writing; nothing "
-                               "marks the directory complete: run the same command with --overwrite")
+                       "documents: documents were lost or repeated between reading and writing; nothing "
+                       "marks the directory complete: run the same command with --overwrite")
     if plan.tokenizer is not None:
         metadata["tokenizer"] = {"path": prepared_corpus.TOKENIZER_FILE, "source": plan.tokenizer.source,
                                  "model": plan.tokenizer.model, "sha256": plan.tokenizer.sha256,
