@@ -171,19 +171,29 @@ def kernels(module: Module) -> list[tuple[str, Instruction]]:
 def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
     """Bytes the kernel reads and writes once each: its operands and its result, by shape.
 
-    A fusion parameter used only by slices, dynamic slices or gathers (as their source) is
-    counted for what those read: an embedding lookup reads its rows, not the table.
+    A fusion parameter used only by slices, dynamic slices or gathers (as their source, also
+    through bitcasts) is counted for what those read: an embedding lookup reads its rows, not the
+    table; a bias add on one third of a merged Q/K/V matmul's output reads that third.
     """
     fused = module.computations.get(inst.calls[0], ()) if inst.opcode == "fusion" and inst.calls else ()
     params = {i.parameter: i.name for i in fused if i.opcode == "parameter"}
     read = 0
     for n, operand in enumerate(inst.operands):
         size = array_bytes(module.shape_of(computation, operand))
-        users = [i for i in fused if params.get(n) in i.operands]
-        if users and all(u.opcode in _READS_PART and u.operands[0] == params[n] for u in users):
-            size = min(size, sum(array_bytes(u.shape) for u in users))
+        readers = _readers(fused, params[n]) if n in params else []
+        if readers and all(r.opcode in _READS_PART and r.operands[0] == via for r, via in readers):
+            size = min(size, sum(array_bytes(r.shape) for r, _ in readers))
         read += size
     return read + array_bytes(inst.shape)
+
+
+def _readers(fused: tuple, name: str) -> list[tuple[Instruction, str]]:
+    """(instruction, the operand name it reads) for every use of `name` in a fused computation,
+    looking through bitcasts: a slice of a reshaped operand reads only its part."""
+    out = []
+    for user in (i for i in fused if name in i.operands):
+        out += _readers(fused, user.name) if user.opcode == "bitcast" else [(user, name)]
+    return out
 
 
 # --------------------------------------------------------------------------------------

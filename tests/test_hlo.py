@@ -37,6 +37,36 @@ def test_a_lookup_counts_the_rows_it_reads_not_the_table():
     assert 2 * rows <= total < 4 * rows + 64 * 4 + 1024  # rows read, result written, ids: not 25.6 MB
 
 
+_SLICED = """HloModule sliced
+
+%fused_add (param_0: bf16[16384,2304], param_1: bf16[768]) -> bf16[32,512,768] {
+  %param_0 = bf16[16384,2304]{1,0} parameter(0)
+  %bitcast.1 = bf16[32,512,2304]{2,1,0} bitcast(%param_0)
+  %slice.1 = bf16[32,512,768]{2,1,0} slice(%bitcast.1), slice={[0:32], [0:512], [768:1536]}
+  %param_1 = bf16[768]{0} parameter(1)
+  %broadcast.1 = bf16[32,512,768]{2,1,0} broadcast(%param_1), dimensions={2}
+  ROOT %add.1 = bf16[32,512,768]{2,1,0} add(%slice.1, %broadcast.1)
+}
+
+ENTRY %main (p0: bf16[16384,2304], p1: bf16[768]) -> bf16[32,512,768] {
+  %p0 = bf16[16384,2304]{1,0} parameter(0)
+  %p1 = bf16[768]{0} parameter(1)
+  ROOT %loop_add_fusion = bf16[32,512,768]{2,1,0} fusion(%p0, %p1), kind=kLoop, calls=%fused_add
+}
+"""
+
+
+def test_a_slice_behind_a_bitcast_counts_its_part():
+    # XLA:GPU merges the Q, K and V matmuls into one [T, 3D] output; each bias add reads a third.
+    third = 32 * 512 * 768 * 2
+    (kernel,) = hlo.program_kernels(_SLICED)
+    assert kernel.bytes == third + 768 * 2 + third
+    whole = _SLICED.replace("%slice.1 = bf16[32,512,768]{2,1,0} slice(%bitcast.1), slice={[0:32], [0:512], [768:1536]}",
+                            "%slice.1 = bf16[32,512,768]{2,1,0} negate(%bitcast.1)")
+    (kernel,) = hlo.program_kernels(whole)  # shapes no longer agree, but a non-slice use reads it all
+    assert kernel.bytes == 3 * third + 768 * 2 + third
+
+
 def test_batched_dot_flops_count_the_batch():
     q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
     kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
