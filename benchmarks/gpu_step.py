@@ -10,8 +10,8 @@ a process of its own, so that XLA flags can differ between variants and an out-o
 variant cannot spoil the next. Per variant it records: compile time, the median step time of
 at least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops
 after `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16
-peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention and embedding
-gradient the program was settled to, and for the variants marked `profile` a kernel-time
+peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding
+gradient and residual LayerNorm the program was settled to, and for the variants marked `profile` a kernel-time
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
 `jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO
 (`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped, in
@@ -82,6 +82,11 @@ GPU_PLAN = (
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     Variant("base-512-paper-pallas", overrides=("model.attention=pallas",), profile=True),
+    # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
+    Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
+    Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
+    Variant("base-512-paper-pallas-fln", overrides=("model.attention=pallas", "model.residual_norm=pallas"),
+            profile=True),
     Variant("base-128-paper-b128", seq_len=128, batch_per_device=128, profile=True, min_s=90),
     Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT, profile=True,
             min_s=90),
@@ -113,7 +118,8 @@ CPU_PLAN = (
     KERNELS,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
-            overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh"),
+            overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
+                                                  "model.residual_norm=pallas"),
             xla_flags=("--xla_cpu_enable_fast_math=false",)),
 )
 
@@ -195,7 +201,7 @@ def _category_from_kernel_name(name: str) -> str:
         return "matmul"
     if "scatter" in name.lower():
         return "scatter"
-    if re.search(r"fusion|^loop_|^input_|^wrapped_", name):
+    if re.search(r"fusion|^loop_|^input_|^wrapped_|residual_layer_norm", name):
         return "elementwise"
     return "other"
 
@@ -409,7 +415,8 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
               "overrides": list(variant.overrides), "xla_flags": list(variant.xla_flags),
               "attention": (settled.attention if settled.attention_dropout_rate == 0 or "pallas" in settled.attention
                             else "written out (dropout)"),
-              "embedding_grad": settled.embedding_grad, "jax": jax.__version__}
+              "embedding_grad": settled.embedding_grad, "residual_norm": settled.residual_norm,
+              "jax": jax.__version__}
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)

@@ -44,6 +44,7 @@ PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpre
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
 GELUS = ("erf", "tanh")
+RESIDUAL_NORMS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -116,6 +117,12 @@ class ModelConfig:
     # or "auto": bits16 in GPU programs, bernoulli elsewhere (a TPU program is slower with
     # bits16). Attention dropout stays bernoulli (benchmarks/README.md, "Dropout masks from 16 bits").
     dropout_mask: str = "auto"
+    # Each layer's output bias, hidden dropout, residual and LayerNorm: "xla" (written as JAX ops;
+    # XLA fuses them) or "pallas": one Pallas kernel forward and one backward, the dropout mask
+    # drawn inside from the layer's dropout key (`pmi_jax.fused_layer_norm`; fewer bytes per step),
+    # settled to "pallas-triton" in GPU programs and "pallas-interpret" (slow, for tests) in CPU
+    # programs; TPU programs take xla. The parameters are the same either way.
+    residual_norm: str = "xla"
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -152,6 +159,9 @@ class ModelConfig:
         if self.embedding_grad not in EMBEDDING_GRADS:
             raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
                                  f"{', '.join(EMBEDDING_GRADS)}")
+        if self.residual_norm not in RESIDUAL_NORMS:
+            raise UserInputError(f"model.residual_norm={self.residual_norm!r}: expected one of "
+                                 f"{', '.join(RESIDUAL_NORMS)}")
         if self.gelu not in GELUS:
             raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
         if self.remat not in REMAT_POLICIES:

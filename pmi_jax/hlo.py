@@ -258,6 +258,7 @@ def _attention_target(target: str) -> bool:
 # --------------------------------------------------------------------------------------
 
 OUR_ATTENTION_KERNELS = "attention_dropout_"  # in the names of pmi_jax.fused_attention's Triton calls
+OUR_ELEMENTWISE_KERNELS = "residual_layer_norm_"  # pmi_jax.fused_layer_norm's
 CATEGORIES = ("matmul", "attention", "scatter", "elementwise", "optimizer", "other")
 
 
@@ -278,7 +279,7 @@ def category(module: Module, inst: Instruction) -> str:
     the non-matmul work of the written-out attention (softmax, dropout, the padding bias), found
     from the instruction's Python stack or its module path (.../attention, not its projections); scatter: scatters and fusions containing one; optimizer: what
     optax's code emitted; elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere,
-    the loss); other: copies, collectives, sorts and the rest; control: while loops and calls,
+    the loss) and the fused residual LayerNorm's kernels; other: copies, collectives, sorts and the rest; control: while loops and calls,
     whose kernels are counted where they are.
     """
     frames = module.stack(inst)
@@ -287,6 +288,8 @@ def category(module: Module, inst: Instruction) -> str:
         return "control"
     if _attention_target(inst.target) or OUR_ATTENTION_KERNELS in inst.attributes:
         return "attention"
+    if OUR_ELEMENTWISE_KERNELS in inst.attributes:
+        return "elementwise"
     if inst.opcode == "scatter" or (inst.opcode == "fusion" and any(
             _contains(module, c, lambda i: i.opcode == "scatter", set()) for c in inst.calls)):
         return "scatter"

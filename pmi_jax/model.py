@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
-from pmi_jax import fused_attention, tpu_attention
+from pmi_jax import fused_attention, fused_layer_norm, tpu_attention
 from pmi_jax.config import PALLAS_ATTENTION, ModelConfig
 from pmi_jax.errors import UserInputError
 
@@ -270,6 +270,7 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       bytes; `jax.random.bernoulli` elsewhere (a TPU program estimated slower with them).
     - `attention="pallas"`: the kernel compiled by Triton on GPUs, `tpu_attention`'s (Mosaic) on
       TPUs, the GPU kernel run by Pallas' interpreter on CPUs; refused elsewhere.
+    - `residual_norm="pallas"`: Triton on GPUs, the interpreter on CPUs; refused elsewhere.
     Explicit choices are kept.
     """
     changes = {}
@@ -282,6 +283,11 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
             raise UserInputError(f"model.attention=pallas: the kernels are written for GPUs and TPUs; a {platform} "
                                  "program takes model.attention=xla")
         changes["attention"] = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic"}.get(platform, "pallas-triton")
+    if config.residual_norm == "pallas":
+        if platform not in ("gpu", "cuda", "cpu"):
+            raise UserInputError(f"model.residual_norm=pallas: the kernel is written for GPUs; a {platform} program "
+                                 "takes model.residual_norm=xla")
+        changes["residual_norm"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
     if config.dropout_mask == "auto":
@@ -446,7 +452,8 @@ class SelfAttention(nn.Module):
     computes, whereas with lengths it skips the padding blocks. With `config.attention` "pallas"
     (either dropout rate) it is `fused_attention.attention`, whose dropout mask is a function of
     this layer's dropout key and the entry's position, drawn inside the kernel: the same masks as
-    long as the key is the same, so a resumed run redraws them.
+    long as the key is the same, so a resumed run redraws them. With `residual_norm` "pallas" it
+    returns the output projection without its bias, and the bias, for `_ResidualNorm` to add.
     """
 
     config: ModelConfig
@@ -484,7 +491,10 @@ class SelfAttention(nn.Module):
             out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL,
                                             lambda p: dropout(p, deterministic=deterministic))
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
-        return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
+        if not _fused_residual_norm(c):
+            return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
+        kernel_HKxD, bias_D = HeadsProjection(c, to_heads=False, name="output")(None)
+        return out_BxLxHxK.reshape(*out_BxLxHxK.shape[:-2], -1) @ kernel_HKxD.astype(dtype), bias_D
 
     def _pallas(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, deterministic: bool):
         """The Pallas kernel; its streams come from this layer's "dropout" RNG, as `Dropout`'s mask would."""
@@ -523,7 +533,7 @@ def _on_each_shard(attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, stream
 
 
 class FeedForward(nn.Module):
-    """Dense D->F, GELU, dense F->D."""
+    """Dense D->F, GELU, dense F->D (with `residual_norm` "pallas": its product and bias, apart)."""
 
     config: ModelConfig
 
@@ -534,8 +544,47 @@ class FeedForward(nn.Module):
                            kernel_init=_init(c, "embed", "mlp"), bias_init=_zeros("mlp"),
                            name="intermediate")(x_BxLxD)
         h_BxLxF = nn.with_logical_constraint(_gelu(c.gelu, h_BxLxF), ("batch", "length", "mlp"))
+        if _fused_residual_norm(c):
+            return _UnbiasedDense(c, name="output")(h_BxLxF)
         return nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                         kernel_init=_init(c, "mlp", "embed"), bias_init=_zeros("embed"), name="output")(h_BxLxF)
+
+
+class _UnbiasedDense(nn.Module):
+    """The feed-forward output's `nn.Dense` parameters (same names, shapes and initialisers), returning
+    (x @ kernel, bias): the fused residual LayerNorm adds the bias itself."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, h_BxLxF):
+        c = self.config
+        kernel_FxD = self.param("kernel", _init(c, "mlp", "embed"), (h_BxLxF.shape[-1], c.hidden_size), jnp.float32)
+        bias_D = self.param("bias", _zeros("embed"), (c.hidden_size,), jnp.float32)
+        return h_BxLxF @ kernel_FxD.astype(_dtype(c)), bias_D
+
+
+class _ResidualNorm(nn.Module):
+    """LayerNorm(x + dropout(a + bias)) as one kernel (`fused_layer_norm`), with `nn.LayerNorm`'s
+    parameters, so that checkpoints are the same with either `residual_norm`; the dropout mask
+    comes from this module's dropout key."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, a_BxLxD, bias_D, x_BxLxD, deterministic: bool):
+        c = _settled(self.config)
+        scale_D = self.param("scale", _ones("embed"), (c.hidden_size,), jnp.float32)
+        offset_D = self.param("bias", _zeros("embed"), (c.hidden_size,), jnp.float32)
+        rate = 0.0 if deterministic else c.dropout_rate
+        streams_Bx2 = fused_layer_norm.dropout_streams(self.make_rng("dropout"), x_BxLxD.shape[0]) if rate else None
+        return fused_layer_norm.residual_layer_norm(a_BxLxD, bias_D, x_BxLxD, scale_D, offset_D, streams_Bx2,
+                                                    rate=rate, eps=c.layer_norm_eps,
+                                                    interpret=c.residual_norm == "pallas-interpret")
+
+
+def _fused_residual_norm(config: ModelConfig) -> bool:
+    return config.residual_norm != "xla"
 
 
 class BertLayer(nn.Module):
@@ -546,6 +595,12 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
+        if _fused_residual_norm(c):
+            a_BxLxD, bias_D = SelfAttention(c, name="attention")(x_BxLxD, input_mask_BxL, deterministic=deterministic)
+            x_BxLxD = _ResidualNorm(c, name="attention_layer_norm")(a_BxLxD, bias_D, x_BxLxD, deterministic)
+            f_BxLxD, bias_D = FeedForward(c, name="feed_forward")(x_BxLxD)
+            x_BxLxD = _ResidualNorm(c, name="output_layer_norm")(f_BxLxD, bias_D, x_BxLxD, deterministic)
+            return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
         dropout = _dropout(c, c.dropout_rate)
         a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, input_mask_BxL, deterministic=deterministic)
         x_BxLxD = _layer_norm(c, "attention_layer_norm")(x_BxLxD + dropout(a_BxLxD, deterministic=deterministic))

@@ -210,6 +210,12 @@ def validate(config: ExperimentConfig, mesh) -> None:
             f"{config.model.max_position_embeddings}")
     if config.model.attention in PALLAS_ATTENTION:
         _validate_pallas_attention(config, mesh)
+    if config.model.residual_norm != "xla":
+        for_platform(config.model, mesh.devices.flat[0].platform)  # refuses platforms without the kernel
+    if config.model.residual_norm != "xla" and mesh.devices.size > 1:
+        raise UserInputError(f"model.residual_norm={config.model.residual_norm} runs on one device (the kernel is not "
+                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
+                             "use model.residual_norm=xla")
 
 
 def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:

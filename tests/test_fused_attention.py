@@ -7,6 +7,7 @@ import pytest
 
 from pmi_jax import fused_attention
 from tests import attention_reference as reference
+from tests import resume_check
 
 B, L, H, K = 3, 128, 2, 16
 LENGTHS = (1, 37, 128)  # odd padding: one valid key, a partial last block, none
@@ -99,36 +100,10 @@ def test_shapes_the_kernel_does_not_take_are_refused():
 
 
 def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
-    """The trainer with model.attention=pallas (interpreted on CPU) and the paper's attention dropout:
-    4 steps uninterrupted, then the same run resumed from its step-2 checkpoint (step 4's removed,
-    the metrics log emptied) logs steps 3 and 4 with bitwise the same losses: the kernel's masks
-    follow the step's dropout key, which the checkpoint carries."""
-    import os
-    import shutil
-
-    from pmi_jax import batches, train
-    from pmi_jax.config import apply_overrides, load_config
-    from pmi_jax.formats import run_dir
-
-    config = apply_overrides(load_config("tiny"), [
-        "model.vocab_size=128", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
-        "model.max_position_embeddings=32", "data.seq_len=32", "train.batch_size=4", "train.log_every_steps=1",
-        "train.num_steps=4", "checkpoint.every_steps=2", "mesh.data=1", "mesh.model=1",
-        "model.attention=pallas", "model.attention_dropout_rate=0.1"])
-    source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
-
-    def losses(workdir):
-        records = run_dir.read_metrics(os.path.join(workdir, run_dir.TENSORBOARD_DIR))
-        return {s: r["loss"] for s, r in sorted(records.items()) if "loss" in r}
-
-    whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
-    assert train.train(config, whole, source, devices=jax.devices()[:1]).step == 4
-    shutil.copytree(whole, resumed)
-    shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
-    os.remove(os.path.join(resumed, run_dir.TENSORBOARD_DIR, run_dir.METRICS_FILE))
-    assert train.train(config, resumed, source, devices=jax.devices()[:1]).step == 4
-    assert losses(resumed) == {s: loss for s, loss in losses(whole).items() if s > 2}
-    assert len(losses(resumed)) == 2
+    """The trainer with model.attention=pallas (interpreted on CPU) and the paper's attention dropout
+    resumes to bitwise the same losses (tests/resume_check.py)."""
+    resume_check.assert_resumes_to_the_same_losses(tmp_path, "model.attention=pallas",
+                                                   "model.attention_dropout_rate=0.1")
 
 
 def test_runs_the_kernel_cannot_take_are_refused_before_anything_is_built():

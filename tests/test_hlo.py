@@ -67,6 +67,22 @@ def test_a_slice_behind_a_bitcast_counts_its_part():
     assert kernel.bytes == 3 * third + 768 * 2 + third
 
 
+@pytest.mark.parametrize("kernel, expected", [("attention_dropout_forward", "attention"),
+                                              ("residual_layer_norm_forward", "elementwise"),
+                                              ("something_else", "other")])
+def test_our_triton_kernels_are_categorised_by_their_names(kernel, expected):
+    """The Pallas kernels' Triton calls carry only their pallas_call name (in the op_name)."""
+    text = f"""HloModule ours
+
+ENTRY %main (p0: bf16[32,512,768]) -> bf16[32,512,768] {{
+  %p0 = bf16[32,512,768]{{2,1,0}} parameter(0)
+  ROOT %pallas_call.1 = bf16[32,512,768]{{2,1,0}} custom-call(%p0), custom_call_target="__gpu$xla.gpu.triton", metadata={{op_name="jit(step)/encoder/layer_0/{kernel}/pallas_call"}}
+}}
+"""
+    (found,) = hlo.program_kernels(text)
+    assert found.category == expected
+
+
 def test_batched_dot_flops_count_the_batch():
     q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
     kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
