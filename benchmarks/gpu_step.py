@@ -18,7 +18,8 @@ profile per category (matmul, attention, scatter, elementwise, optimizer, other)
 OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile are its instructions'; read it
 with `pmi_jax.hlo.program_kernels`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
 (outputs and gradients; `attention_check`), then times one layer's attention, forward and
-backward, in each implementation at hand (`attention_kernels`). Variants run in priority
+backward, in each implementation at hand (`attention_kernels`), and one residual LayerNorm,
+XLA's against ours (`layer_norm_kernels`). Variants run in priority
 order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a 10-minute
 machine call); a variant is started only with its `min_s` left, those left out are recorded
 as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
@@ -73,12 +74,14 @@ NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
 CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
 KERNELS = Variant("attention-kernels")  # one layer's attention, forward and backward, per implementation
+NORMS = Variant("layer-norm-kernels")  # one residual LayerNorm, forward and backward: XLA's and ours
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
 # phase, 90% of its steps) at batch 128 has the tokens of 512 x 32.
 GPU_PLAN = (
     CHECK,
     KERNELS,
+    NORMS,
     Variant("base-512-paper", overrides=PAPER, profile=True),
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     Variant("base-512-paper-pallas", overrides=("model.attention=pallas",), profile=True),
@@ -116,6 +119,7 @@ _TINY = ("model.vocab_size=512", "model.max_position_embeddings=64")
 CPU_PLAN = (
     CHECK,
     KERNELS,
+    NORMS,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
@@ -265,7 +269,7 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     the seed makes it unusable, docs/gpu.md), and Pallas' Triton flash attention with segment
     ids (no dropout; the base a kernel with in-kernel dropout would start from), and ours,
     `pmi_jax.fused_attention` (dropout 0.1 drawn in the kernel; two block shapes on a GPU; and
-    without dropout). `ours_vs_written_same_mask` checks ours against the written-out attention
+    without dropout). `ours_vs_reference_same_mask` checks ours against the written-out attention
     given the same mask, values and gradients, as tests/test_fused_attention.py does interpreted.
     On CPU (the dry run) the shapes are tiny, cuDNN is left out and Pallas runs in interpret mode.
     """
@@ -325,32 +329,57 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
         forms["ours, dropout 0.1 in the kernel, blocks (32, 32)"] = ours(0.1, (32, 32))
     forms["ours, no dropout"] = ours(0.0)
 
+    return {"variant": KERNELS.name, "what": "one layer's attention, forward + backward", "shape": [b, length, h, k],
+            "per_step": 12, "forms": _time_forms(forms, (q, kk, v), g, repeats if on_gpu else 3),
+            "ours_vs_reference_same_mask": _same_mask_errors(q, kk, v, g, valid_BxL, streams, ours(0.1))}
+
+
+def _time_forms(forms: dict, inputs: tuple, g, repeats: int) -> dict:
+    """Median and least ms of value_and_grad of sum(fn(*inputs) * g) in all inputs, per form."""
+    import jax
+    import jax.numpy as jnp
+
     results = {}
     for name, fn in forms.items():
         try:
-            step = jax.jit(jax.value_and_grad(lambda q, kk, v, fn=fn: jnp.sum((fn(q, kk, v) * g).astype(jnp.float32)),
-                                              argnums=(0, 1, 2)))
-            jax.block_until_ready(step(q, kk, v))
+            step = jax.jit(jax.value_and_grad(lambda *p, fn=fn: jnp.sum((fn(*p) * g).astype(jnp.float32)),
+                                              argnums=tuple(range(len(inputs)))))
+            jax.block_until_ready(step(*inputs))
             times = []
-            for _ in range(repeats if on_gpu else 3):
+            for _ in range(repeats):
                 t = time.perf_counter()
-                jax.block_until_ready(step(q, kk, v))
+                jax.block_until_ready(step(*inputs))
                 times.append(time.perf_counter() - t)
             results[name] = {"ms_fwd_bwd": round(1e3 * statistics.median(times), 3),
                              "ms_min": round(1e3 * min(times), 3)}
         except Exception as e:  # noqa: BLE001 - one form that does not lower must not cost the others
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-    return {"variant": KERNELS.name, "shape": [b, length, h, k], "layers_per_step": 12, "forms": results,
-            "ours_vs_written_same_mask": _same_mask_errors(q, kk, v, g, lengths_B, valid_BxL, streams, ours(0.1))}
+    return results
 
 
-def _same_mask_errors(q, kk, v, g, lengths_B, valid_BxL, streams, ours) -> dict:
-    """Max |ours - reference| / max |reference| of out, dq, dk, dv, the reference being the written-out
-    attention in float32 with ours' mask; beside it, the written-out attention's own error in bf16."""
+def _errors_against_float32(reference, candidates: dict, inputs: tuple, g, names: tuple) -> dict:
+    """Max |candidate - exact| / max |exact| of the value and each input's gradient, the exact one
+    being `reference` on the inputs cast to float32."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    def values(fn, *args):
+        out, vjp = jax.vjp(fn, *args)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
+
+    try:
+        exact = values(jax.jit(reference), *(x.astype(jnp.float32) for x in inputs))
+        return {label: {n: float(np.abs(a - e).max() / np.abs(e).max())
+                        for n, a, e in zip(names, values(jax.jit(fn), *inputs), exact)}
+                for label, fn in candidates.items()}
+    except Exception as e:  # noqa: BLE001 - the timings stand without it
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+
+
+def _same_mask_errors(q, kk, v, g, valid_BxL, streams, ours) -> dict:
+    """Ours against the written-out attention in float32 with ours' mask (out, dq, dk, dv); beside it,
+    the written-out attention's own error in bf16."""
     from pmi_jax import fused_attention
     from pmi_jax.model import written_attention
 
@@ -359,20 +388,57 @@ def _same_mask_errors(q, kk, v, g, lengths_B, valid_BxL, streams, ours) -> dict:
     def written(q, kk, v):
         return written_attention(q, kk, v, valid_BxL, lambda p: p * mask.astype(p.dtype) / 0.9)
 
-    def values(fn, *qkv):
-        out, vjp = jax.vjp(fn, *qkv)
-        return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
+    return _errors_against_float32(written, {"ours": ours, "written bf16": written}, (q, kk, v), g,
+                                   ("out", "dq", "dk", "dv"))
 
-    try:
-        exact = values(jax.jit(written), *(x.astype(jnp.float32) for x in (q, kk, v)))
-        errors = {}
-        for label, fn in (("ours", ours), ("written bf16", written)):
-            got = values(jax.jit(fn), q, kk, v)
-            errors[label] = {n: float(np.abs(a - e).max() / np.abs(e).max())
-                             for n, a, e in zip(("out", "dq", "dk", "dv"), got, exact)}
-        return errors
-    except Exception as e:  # noqa: BLE001 - the timings above stand without it
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+
+def layer_norm_kernels(platform: str | None, repeats: int = 20) -> dict:
+    """One sub-layer's output bias, hidden dropout, residual and LayerNorm, forward and backward,
+    at BERT-base's [32, 512, 768] bf16 (24 per step): the model's XLA path (flax's LayerNorm; the
+    mask as the platform's programs draw it, 16-bit on GPUs) against `pmi_jax.fused_layer_norm`
+    (`model.residual_norm=pallas`) at three row blocks, and each against the XLA path in float32
+    given the kernel's mask. On CPU (the dry run) the shapes are tiny and Pallas is interpreted."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import fused_layer_norm
+    from pmi_jax.model import Dropout
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    b, length, d = (32, 512, 768) if on_gpu else (2, 64, 48)
+    keys = jax.random.split(jax.random.key(0), 4)
+    a, x, g = (jax.random.normal(k, (b, length, d), jnp.float32).astype(jnp.bfloat16) for k in keys[:3])
+    inputs = (a, jnp.full((d,), 0.1), x, jnp.ones((d,)), jnp.zeros((d,)))  # a, bias, x, scale, offset
+    dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "bits16"}.get(device.platform, "bernoulli"))
+    streams = fused_layer_norm.dropout_streams(keys[3], b)
+    keep = fused_layer_norm.keep_mask(streams, length, d, 0.1)
+
+    def xla(drop):
+        def fn(a, bias, x, scale, offset):
+            norm = nn.LayerNorm(epsilon=1e-12, dtype=x.dtype, param_dtype=jnp.float32)
+            return norm.apply({"params": {"scale": scale, "bias": offset}}, x + drop(a + bias.astype(a.dtype)))
+        return fn
+
+    def ours(rate, max_rows=fused_layer_norm.MAX_ROWS):
+        return lambda *p: fused_layer_norm.residual_layer_norm(*p, streams, rate=rate, max_rows=max_rows,
+                                                               interpret=not on_gpu)
+
+    forms = {"xla, dropout 0.1 (the model's path)": xla(
+                 lambda h: dropout.apply({}, h, deterministic=False, rngs={"dropout": keys[3]})),
+             "xla, no dropout": xla(lambda h: h),
+             f"ours, dropout 0.1, {fused_layer_norm.MAX_ROWS} rows a program": ours(0.1)}
+    if on_gpu:
+        forms["ours, dropout 0.1, 4 rows a program"] = ours(0.1, 4)
+        forms["ours, dropout 0.1, 1 row a program"] = ours(0.1, 1)
+    forms["ours, no dropout"] = ours(0.0)
+    same_mask = xla(lambda h: h * keep.astype(h.dtype) / jnp.asarray(0.9, h.dtype))
+    return {"variant": NORMS.name, "what": "one residual LayerNorm, forward + backward", "shape": [b, length, d],
+            "per_step": 24, "forms": _time_forms(forms, inputs, g, repeats if on_gpu else 3),
+            "ours_vs_reference_same_mask": _errors_against_float32(
+                same_mask, {"ours": ours(0.1), "xla bf16": same_mask}, inputs, g,
+                ("y", "da", "dbias", "dx", "dscale", "doffset"))}
 
 
 # --------------------------------------------------------------------------------------
@@ -514,13 +580,13 @@ def _write(path: str, payload: dict) -> None:
 def _line(r: dict) -> str:
     if "error" in r or "skipped" in r:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
-    if r["variant"] == KERNELS.name:
-        return "\n".join([f"{r['variant']:<30} one layer's attention, forward + backward, {r['shape']}"] + [
+    if r["variant"] in (KERNELS.name, NORMS.name):
+        return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
             f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
             for name, f in r["forms"].items()] + [
-            f"{'':<32}ours vs written, same mask (max error / max): " + "; ".join(
+            f"{'':<32}against float32, same mask (max error / max): " + "; ".join(
                 f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
-                for who, errs in r["ours_vs_written_same_mask"].items())])
+                for who, errs in r["ours_vs_reference_same_mask"].items())])
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
@@ -551,6 +617,8 @@ def main(argv=None) -> None:
             print(json.dumps(attention_check(args.platform or None)))
         elif variant.name == KERNELS.name:
             print(json.dumps(attention_kernels(args.platform or None)))
+        elif variant.name == NORMS.name:
+            print(json.dumps(layer_norm_kernels(args.platform or None)))
         else:
             print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None, args.hlo_dir)))
         return

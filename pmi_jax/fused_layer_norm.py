@@ -23,7 +23,7 @@ from pmi_jax.fused_attention import entry_bits, keep_threshold
 
 __all__ = ["residual_layer_norm", "dropout_streams", "keep_mask"]
 
-MAX_ROWS = 16  # rows per program: the backward's partial sums are [B, L / R, D]
+MAX_ROWS = 16  # rows per program by default: the backward's partial sums are [B, L / R, D]
 
 
 def dropout_streams(rng, batch: int) -> jax.Array:
@@ -38,9 +38,9 @@ def keep_mask(streams_Bx2, length: int, width: int, rate: float) -> jax.Array:
     return bits < jnp.uint32(keep_threshold(rate))
 
 
-def _rows(length: int) -> int:
-    """The largest power of two dividing `length`, at most MAX_ROWS."""
-    return min(length & -length, MAX_ROWS)
+def _rows(length: int, max_rows: int) -> int:
+    """The largest power of two dividing `length`, at most `max_rows`."""
+    return min(length & -length, max_rows)
 
 
 def _block(rows: int, d: int, width: int):
@@ -124,9 +124,9 @@ def _compiler_params(interpret: bool):
     return None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=1)
 
 
-def _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret):
+def _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, max_rows, interpret):
     b, length, d = x.shape
-    rows = _rows(length)
+    rows = _rows(length, max_rows)
     spec = _specs(rows, d)
     kernel = functools.partial(_forward_kernel, rate=rate, eps=eps, width=pl.next_power_of_2(d))
     return pl.pallas_call(
@@ -139,20 +139,20 @@ def _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret):
     )(streams_Bx2, a, bias, x, scale, offset)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _fused(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret):
-    return _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret)[1]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _fused(a, bias, x, scale, offset, streams_Bx2, rate, eps, max_rows, interpret):
+    return _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, max_rows, interpret)[1]
 
 
-def _fused_fwd(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret):
-    s, y, mean, rstd = _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, interpret)
+def _fused_fwd(a, bias, x, scale, offset, streams_Bx2, rate, eps, max_rows, interpret):
+    s, y, mean, rstd = _forward(a, bias, x, scale, offset, streams_Bx2, rate, eps, max_rows, interpret)
     return y, (s, mean, rstd, bias, scale, offset, streams_Bx2)
 
 
-def _fused_bwd(rate, eps, interpret, residuals, g):
+def _fused_bwd(rate, eps, max_rows, interpret, residuals, g):
     s, mean, rstd, bias, scale, offset, streams_Bx2 = residuals
     b, length, d = s.shape
-    rows = _rows(length)
+    rows = _rows(length, max_rows)
     spec = _specs(rows, d)
     partial = jax.ShapeDtypeStruct((b, length // rows, d), jnp.float32)
     dx, da, dbias, dscale, doffset = pl.pallas_call(
@@ -172,16 +172,17 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def residual_layer_norm(a_BxLxD, bias_D, x_BxLxD, scale_D, offset_D, streams_Bx2=None, *, rate: float = 0.0,
-                        eps: float = 1e-12, interpret: bool = False) -> jax.Array:
+                        eps: float = 1e-12, max_rows: int = MAX_ROWS, interpret: bool = False) -> jax.Array:
     """LayerNorm(x + dropout(a + bias)) * scale + offset, statistics in float32, in x's dtype: [B, L, D].
 
     With `rate` > 0, entry (b, l, d) of a + bias is kept where `keep_mask(streams_Bx2, L, D, rate)`
     holds it and scaled by 1 / (1 - rate). Differentiable in a, bias, x, scale and offset; the
-    backward pass regenerates the mask. `interpret` runs Pallas' interpreter (any platform, slow).
+    backward pass regenerates the mask. A program takes up to `max_rows` rows (a power of two).
+    `interpret` runs Pallas' interpreter (any platform, slow).
     """
     if rate > 0.0 and streams_Bx2 is None:
         raise ValueError("dropout needs the streams of a dropout key (dropout_streams)")
     if streams_Bx2 is None:
         streams_Bx2 = jnp.zeros((x_BxLxD.shape[0], 2), jnp.uint32)
     return _fused(a_BxLxD.astype(x_BxLxD.dtype), bias_D, x_BxLxD, scale_D, offset_D, streams_Bx2.astype(jnp.uint32),
-                  float(rate), float(eps), bool(interpret))
+                  float(rate), float(eps), int(max_rows), bool(interpret))

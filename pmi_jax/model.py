@@ -29,6 +29,7 @@ __all__ = ["ModelConfig", "BertEmbeddings", "SelfAttention", "FeedForward", "Ber
            "BertForMaskedLM", "stack_layers", "unstack_layers", "SCANNED_LAYERS"]
 
 SCANNED_LAYERS = "layers"  # encoder/<this>: the stacked parameters of scanned layers
+_QKV = ("batch", "length", "heads", "kv")  # the logical axes of queries, keys and values
 _LAYER = re.compile(r"layer_(\d+)")
 
 
@@ -503,33 +504,32 @@ class SelfAttention(nn.Module):
         batch, _, heads, _ = q_BxLxHxK.shape
         streams_BxHx2 = fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate else None
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
+        if streams_BxHx2 is None:  # no dropout: the streams are not read
+            streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
         if c.attention == "pallas-mosaic":
-            return _on_each_shard(functools.partial(tpu_attention.attention, rate=rate),
-                                  q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
-        return fused_attention.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2, rate=rate,
-                                         interpret=c.attention == "pallas-interpret")
+            kernel = functools.partial(tpu_attention.attention, rate=rate)
+        else:
+            kernel = functools.partial(fused_attention.attention, rate=rate, interpret=c.attention == "pallas-interpret")
+        return _on_each_shard(kernel, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2),
+                              (_QKV, _QKV, _QKV, ("batch",), ("batch", "heads", None)), _QKV)
 
 
-def _on_each_shard(attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2):
-    """`attention` on each device's rows and heads of the mesh in context (XLA cannot partition a
-    Mosaic kernel itself: unsplit, it would gather the batch onto every device). Called directly
-    where there is no mesh, or where the batch does not split over it (the batch of 1 that
-    initialisation traces, never compiled)."""
+def _on_each_shard(kernel, args: tuple, axes: tuple, out_axes: tuple):
+    """`kernel(*args)` on each device's part of the mesh in context, argument i split along its logical
+    `axes[i]` (None: an axis every device holds whole). XLA cannot partition a Pallas kernel: unsplit,
+    it would gather the batch onto every device. Called directly where there is no mesh or one
+    device, or where an array does not split evenly (the batch of 1 that initialisation traces)."""
     mesh = jax.sharding.get_abstract_mesh()
-    spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    batch, _, heads, _ = q_BxLxHxK.shape
-    if streams_BxHx2 is None:  # no dropout: the streams are not read
-        streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
+    specs = tuple(nn.logical_to_mesh_axes(a) for a in axes)
 
-    def split(axes):  # devices along the mesh axes of one array axis
-        return math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+    def split(mesh_axes):  # devices along the mesh axes of one array axis
+        return math.prod(mesh.shape[a] for a in ((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()))
 
-    if mesh.empty or batch % split(spec[0]) or heads % split(spec[2]):
-        return attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
-    rows = jax.sharding.PartitionSpec(spec[0])
-    streams = jax.sharding.PartitionSpec(spec[0], spec[2])
-    return jax.shard_map(attention, in_specs=(spec, spec, spec, rows, streams), out_specs=spec,
-                         check_vma=False)(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2)
+    if (mesh.empty or math.prod(mesh.shape.values()) == 1
+            or any(n % split(s) for x, spec in zip(args, specs) for n, s in zip(x.shape, spec))):
+        return kernel(*args)
+    return jax.shard_map(kernel, in_specs=specs, out_specs=nn.logical_to_mesh_axes(out_axes),
+                         check_vma=False)(*args)
 
 
 class FeedForward(nn.Module):
@@ -577,10 +577,14 @@ class _ResidualNorm(nn.Module):
         scale_D = self.param("scale", _ones("embed"), (c.hidden_size,), jnp.float32)
         offset_D = self.param("bias", _zeros("embed"), (c.hidden_size,), jnp.float32)
         rate = 0.0 if deterministic else c.dropout_rate
-        streams_Bx2 = fused_layer_norm.dropout_streams(self.make_rng("dropout"), x_BxLxD.shape[0]) if rate else None
-        return fused_layer_norm.residual_layer_norm(a_BxLxD, bias_D, x_BxLxD, scale_D, offset_D, streams_Bx2,
-                                                    rate=rate, eps=c.layer_norm_eps,
-                                                    interpret=c.residual_norm == "pallas-interpret")
+        batch = x_BxLxD.shape[0]
+        streams_Bx2 = (fused_layer_norm.dropout_streams(self.make_rng("dropout"), batch) if rate
+                       else jnp.zeros((batch, 2), jnp.uint32))  # no dropout: the streams are not read
+        kernel = functools.partial(fused_layer_norm.residual_layer_norm, rate=rate, eps=c.layer_norm_eps,
+                                   interpret=c.residual_norm == "pallas-interpret")
+        rows, vector = ("batch", None, None), (None,)
+        return _on_each_shard(kernel, (a_BxLxD, bias_D, x_BxLxD, scale_D, offset_D, streams_Bx2),
+                              (rows, vector, rows, vector, vector, ("batch", None)), rows)
 
 
 def _fused_residual_norm(config: ModelConfig) -> bool:

@@ -212,20 +212,12 @@ def validate(config: ExperimentConfig, mesh) -> None:
         _validate_pallas_attention(config, mesh)
     if config.model.residual_norm != "xla":
         for_platform(config.model, mesh.devices.flat[0].platform)  # refuses platforms without the kernel
-    if config.model.residual_norm != "xla" and mesh.devices.size > 1:
-        raise UserInputError(f"model.residual_norm={config.model.residual_norm} runs on one device (the kernel is not "
-                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
-                             "use model.residual_norm=xla")
 
 
 def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
-    """The Pallas kernels' limits that a run's settings can break (docs/gpu.md, docs/tpu.md). The TPU
-    kernel runs on each device's shard of the batch; the GPU kernel on one device."""
+    """The Pallas kernels' limits that a run's settings can break (docs/gpu.md, docs/tpu.md). Both run
+    on each device's shard of the batch and heads (`model._on_each_shard`)."""
     tpu = mesh.devices.flat[0].platform == "tpu"
-    if mesh.devices.size > 1 and not tpu:
-        raise UserInputError(f"model.attention={config.model.attention} runs on one device (the kernel is not "
-                             f"partitioned over a mesh yet); this mesh has {mesh.devices.size}: "
-                             "use model.attention=auto")
     m = config.model
     try:
         if tpu:

@@ -120,6 +120,5 @@ def test_runs_the_kernel_cannot_take_are_refused_before_anything_is_built():
     check("data.seq_len=48", "mesh.data=1")  # shorter than a block: one block of 48
     with pytest.raises(UserInputError, match=r"data.seq_len=96 with model.attention=pallas: .*not a multiple"):
         check("data.seq_len=96", "mesh.data=1")
-    if len(jax.devices()) >= 2:
-        with pytest.raises(UserInputError, match="runs on one device .* this mesh has 2"):
-            check("data.seq_len=128", "mesh.data=2", devices=2)
+    if len(jax.devices()) >= 2:  # split over the mesh (tests/test_model_kernels.py)
+        check("data.seq_len=128", "mesh.data=2", devices=2)

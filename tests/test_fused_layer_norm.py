@@ -130,12 +130,3 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
     resumes to bitwise the same losses (tests/resume_check.py)."""
     resume_check.assert_resumes_to_the_same_losses(tmp_path, "model.residual_norm=pallas")
 
-
-def test_a_mesh_of_several_devices_is_refused_before_anything_is_built():
-    from pmi_jax import partitioning, train
-
-    config = apply_overrides(load_config("tiny"), ["model.residual_norm=pallas", "mesh.model=1", "mesh.data=-1"])
-    train.validate(config, partitioning.make_mesh(config.mesh, jax.devices()[:1]))
-    if len(jax.devices()) >= 2:
-        with pytest.raises(UserInputError, match=r"model.residual_norm=pallas runs on one device .* this mesh has 2"):
-            train.validate(config, partitioning.make_mesh(config.mesh, jax.devices()[:2]))

@@ -19,9 +19,8 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
-    assert [r["variant"] for r in results] == ["attention-check", "attention-kernels", "tiny-64-paper",
-                                                  "tiny-32-attn0-sorted-tanh"], \
-        proc.stdout
+    assert [r["variant"] for r in results] == ["attention-check", "attention-kernels", "layer-norm-kernels",
+                                                  "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
@@ -30,9 +29,17 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert len(kernels) == 6 and all(f.get("ms_fwd_bwd", 0) > 0 for f in kernels.values()), kernels  # Pallas interpreted
     # Ours (interpreted) against the written-out attention with its mask, in float32: within twice the
     # written-out attention's own bf16 error (plus 1%), as tests/test_fused_attention.py checks.
-    same_mask = record["ours_vs_written_same_mask"]
+    same_mask = record["ours_vs_reference_same_mask"]
     for name, error in same_mask["ours"].items():
         assert error <= 2 * same_mask["written bf16"][name] + 0.01, same_mask
+    # The residual LayerNorm's forms, and ours against the XLA path with its mask, as
+    # tests/test_fused_layer_norm.py checks.
+    record = results.pop(0)
+    assert len(record["forms"]) == 4 and all(f.get("ms_fwd_bwd", 0) > 0 for f in record["forms"].values()), record
+    same_mask = record["ours_vs_reference_same_mask"]
+    assert set(same_mask["ours"]) == {"y", "da", "dbias", "dx", "dscale", "doffset"}, same_mask
+    for name, error in same_mask["ours"].items():
+        assert error <= 2 * same_mask["xla bf16"][name] + 0.01, same_mask
     for r in results:
         assert "error" not in r, r
         assert r["timed_steps"] >= 3 and r["ms_per_step"] > 0 and r["forbidden_modules"] == []
@@ -41,6 +48,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     paper, fast = results
     assert (paper["attention"], paper["embedding_grad"]) == ("written out (dropout)", "scatter")
     assert (fast["attention"], fast["embedding_grad"]) == ("xla", "sorted")
+    assert (paper["residual_norm"], fast["residual_norm"]) == ("xla", "pallas-interpret")
     assert fast["xla_flags"] == ["--xla_cpu_enable_fast_math=false"]
     profile = paper["profile"]["ms_per_step"]
     assert set(profile) == {"matmul", "attention", "scatter", "elementwise", "optimizer", "other"}
@@ -62,7 +70,7 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent"] * 4
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 5  # the CPU plan, none run
 
 
 def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():

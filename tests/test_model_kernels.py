@@ -269,3 +269,42 @@ def test_gelu_keeping_only_its_input_computes_jaxs_gelu_and_its_gradient(form):
         ours, exact = np.asarray(ours, np.float32), np.asarray(exact)
         np.testing.assert_allclose(ours, exact, rtol=2.0 ** -8, atol=5e-7)
 
+
+
+@pytest.mark.parametrize("overrides", [
+    {"attention": "pallas", "attention_dropout_rate": 0.1},
+    {"residual_norm": "pallas"},
+], ids=["attention", "residual_norm"])
+def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_gradients(overrides):
+    """Under a mesh the kernels run in a shard_map over the batch (and heads), with the dropout
+    streams of the whole batch split alongside: the masks, the loss and every parameter's gradient
+    (the kernels' bias, scale and offset sums added over the shards) are those of one device."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from pmi_jax import partitioning
+    from pmi_jax.config import MeshConfig
+
+    config = dataclasses.replace(CONFIG, dtype="float32", num_heads=2, dropout_rate=0.1, **overrides)
+    model = BertForMaskedLM(config)
+    ids, mask = _inputs(batch=3, length=16)
+    ids, mask = jnp.concatenate([ids, ids[:1]]), jnp.concatenate([mask, mask[:1]])  # batch 4: splits over 2 and 4
+    params = model.init({"params": jax.random.key(0)}, ids, mask, deterministic=True)
+
+    def loss(params, ids, mask):
+        logits = model.apply(params, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
+        return jnp.sum(jax.nn.log_softmax(logits)[..., 3] * mask)
+
+    single = jax.jit(jax.value_and_grad(loss))(params, ids, mask)
+    for devices, heads_split in ((2, 1), (4, 2)):
+        mesh_config = MeshConfig(data=devices // heads_split, fsdp=1, model=heads_split)
+        mesh = partitioning.make_mesh(mesh_config, jax.devices()[:devices])
+        rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+        with partitioning.activate(mesh, mesh_config):
+            split = jax.jit(jax.value_and_grad(loss))(params, jax.device_put(ids, rows), jax.device_put(mask, rows))
+            text = jax.jit(jax.value_and_grad(loss)).lower(params, jax.device_put(ids, rows),
+                                                             jax.device_put(mask, rows)).as_text()
+        assert "shard_map" in text or "sdy.manual_computation" in text, "the kernels ran unsplit"
+        np.testing.assert_allclose(split[0], single[0], rtol=1e-5)
+        largest = max(np.abs(b).max() for b in jax.tree.leaves(single[1]))  # the key bias's is ~0: no rtol
+        for a, b in zip(jax.tree.leaves(split[1]), jax.tree.leaves(single[1])):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * largest)
