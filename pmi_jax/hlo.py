@@ -277,10 +277,11 @@ def category(module: Module, inst: Instruction) -> str:
 
     matmul: dots, fusions containing one, cuBLAS GEMMs; attention: cuDNN's fused attention, and
     the non-matmul work of the written-out attention (softmax, dropout, the padding bias), found
-    from the instruction's Python stack or its module path (.../attention, not its projections); scatter: scatters and fusions containing one; optimizer: what
-    optax's code emitted; elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere,
-    the loss) and the fused residual LayerNorm's kernels; other: copies, collectives, sorts and the rest; control: while loops and calls,
-    whose kernels are counted where they are.
+    from the instruction's Python stack or its module path (.../attention, not its projections);
+    scatter: scatters and fusions containing one; optimizer: what optax's code emitted;
+    elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere, the loss) and the
+    fused residual LayerNorm's kernels; other: copies, collectives, sorts and the rest; control:
+    while loops and calls, whose kernels are counted where they are.
     """
     frames = module.stack(inst)
     functions = {f for _, f in frames}
