@@ -5,24 +5,24 @@
 
 Each variant is the trainer's own jitted step (`pmi_jax.train.build_program`: MLM loss on the
 gathered masked positions, backward, clipping, AdamW) on a synthetic batch
-(`pmi_jax.batches.SyntheticBatches`: a random padded tail per sequence, 15% of the words masked), run in
-a process of its own, so that XLA flags can differ between variants and an out-of-memory
-variant cannot spoil the next. Per variant it records: compile time, the median step time of
-at least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops
-after `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16
-peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding
-gradient and residual LayerNorm the program was settled to, and for the variants marked `profile` a kernel-time
+(`pmi_jax.batches.SyntheticBatches`: a random padded tail per sequence, 15% of the words masked),
+run in a process of its own, so that XLA flags can differ between variants and an out-of-memory
+variant cannot spoil the next. Per variant it records: compile time, the median step time of at
+least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops after
+`--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16 peak
+(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient and
+residual LayerNorm the program was settled to, and for the variants marked `profile` a kernel-time
 profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
-`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO
-(`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped, in
-OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile are its instructions'; read it
-with `pmi_jax.hlo.program_kernels`). First of all it checks cuDNN's attention against XLA's on BERT-base's shapes
-(outputs and gradients; `attention_check`), then times one layer's attention, forward and
-backward, in each implementation at hand (`attention_kernels`), and one residual LayerNorm,
-XLA's against ours (`layer_norm_kernels`). Variants run in priority
-order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a 10-minute
-machine call); a variant is started only with its `min_s` left, those left out are recorded
-as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
+`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (`pmi_jax.hlo`:
+category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
+(the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
+First of all it checks cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
+`attention_check`), then times one layer's attention, forward and backward, in each implementation
+at hand (`attention_kernels`), and one residual LayerNorm, XLA's against ours
+(`layer_norm_kernels`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
+command fits 9 minutes of a 10-minute machine call); a variant is started only with its `min_s`
+left, those left out are recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after
+every variant.
 
 Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
 not installed (the test runs it with them unimportable). Where TensorFlow is installed,
