@@ -378,7 +378,8 @@ def restore_for_eval(workdir_or_step_dir: str):
     used; each newer one that does not is named in a warning) or one `…/checkpoints/<step>`
     directory (that one, or a UserInputError). `params` is the BertForMaskedLM "params" tree
     (encoder under params["encoder"]); the optimizer state is not read. `metadata` is the
-    checkpoint's CheckpointMetadata (pmi_jax.formats.run_dir).
+    checkpoint's CheckpointMetadata (pmi_jax.formats.run_dir). The config takes the XLA paths
+    where training took a Pallas kernel (`model.for_evaluation`).
     """
     workdir, steps = _locate(workdir_or_step_dir)
     checkpointer = Checkpointer(workdir, CheckpointConfig(), read_only=True)
@@ -400,10 +401,10 @@ def restore_for_eval(workdir_or_step_dir: str):
 
 
 def _restore_params(checkpointer: Checkpointer, step: int):
-    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.model import BertForMaskedLM, for_evaluation
 
     metadata = checkpointer.metadata(step)
-    model_config = model_config_from_dict(metadata.model)
+    model_config = for_evaluation(model_config_from_dict(metadata.model))
     abstract_params = abstract_model_params(BertForMaskedLM(model_config))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),

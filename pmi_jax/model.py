@@ -296,6 +296,18 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     return dataclasses.replace(config, **changes) if changes else config
 
 
+def for_evaluation(config: ModelConfig) -> ModelConfig:
+    """`config` for evaluation, where nothing is dropped: the Pallas kernels' choices go back to the
+    XLA paths, which compute the same function there on every platform (the interpreted kernels are
+    slow on CPUs, and TPU programs refuse the residual LayerNorm's). The parameters are the same."""
+    changes = {}
+    if config.residual_norm != "xla":
+        changes["residual_norm"] = "xla"
+    if config.attention in PALLAS_ATTENTION:
+        changes["attention"] = "auto"
+    return dataclasses.replace(config, **changes) if changes else config
+
+
 def cudnn_attention_applies(config: ModelConfig, platform: str) -> bool:
     """Whether `attention="auto"` takes cuDNN's fused attention in a program for `platform`.
 

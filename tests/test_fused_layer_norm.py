@@ -130,3 +130,24 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
     resumes to bitwise the same losses (tests/resume_check.py)."""
     resume_check.assert_resumes_to_the_same_losses(tmp_path, "model.residual_norm=pallas")
 
+
+
+def test_a_run_trained_with_the_kernels_is_evaluated_on_the_xla_paths(tmp_path):
+    """Evaluation drops nothing, so `checkpoints.restore_for_eval` gives the config the XLA paths
+    (`model.for_evaluation`: the interpreted kernels are slow, and TPUs refuse this one); on the
+    restored parameters they give the kernels' logits."""
+    from pmi_jax import batches, checkpoints, train
+
+    config = apply_overrides(load_config("tiny"), [*resume_check.TINY, "train.num_steps=2", "model.residual_norm=pallas",
+                                                   "model.attention=pallas"])
+    source = batches.SyntheticBatches(config.model.vocab_size, config.data.seq_len, config.train.batch_size)
+    workdir = str(tmp_path / "run")
+    assert train.train(config, workdir, source, devices=jax.devices()[:1]).step == 2
+    evaluated, params, _ = checkpoints.restore_for_eval(workdir)
+    assert (evaluated.residual_norm, evaluated.attention) == ("xla", "auto")
+    assert dataclasses.replace(evaluated, residual_norm="pallas", attention="pallas") == config.model
+    ids = jax.random.randint(jax.random.key(1), (2, 32), 0, config.model.vocab_size)
+    mask = jnp.ones((2, 32), jnp.int32)
+    logits = [BertForMaskedLM(c).apply({"params": params}, ids, mask, deterministic=True)
+              for c in (evaluated, config.model)]
+    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
