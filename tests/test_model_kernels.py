@@ -270,7 +270,6 @@ def test_gelu_keeping_only_its_input_computes_jaxs_gelu_and_its_gradient(form):
         np.testing.assert_allclose(ours, exact, rtol=2.0 ** -8, atol=5e-7)
 
 
-
 @pytest.mark.parametrize("overrides", [
     {"attention": "pallas", "attention_dropout_rate": 0.1},
     {"residual_norm": "pallas"},
