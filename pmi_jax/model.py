@@ -514,10 +514,9 @@ class SelfAttention(nn.Module):
         c = _settled(self.config)
         rate = 0.0 if deterministic else c.attention_dropout_rate
         batch, _, heads, _ = q_BxLxHxK.shape
-        streams_BxHx2 = fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate else None
+        streams_BxHx2 = (fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate
+                         else jnp.zeros((batch, heads, 2), jnp.uint32))  # no dropout: the streams are not read
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
-        if streams_BxHx2 is None:  # no dropout: the streams are not read
-            streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
         if c.attention == "pallas-mosaic":
             kernel = functools.partial(tpu_attention.attention, rate=rate)
         else:

@@ -210,8 +210,7 @@ def validate(config: ExperimentConfig, mesh) -> None:
             f"{config.model.max_position_embeddings}")
     if config.model.attention in PALLAS_ATTENTION:
         _validate_pallas_attention(config, mesh)
-    if config.model.residual_norm != "xla":
-        for_platform(config.model, mesh.devices.flat[0].platform)  # refuses platforms without the kernel
+    for_platform(config.model, mesh.devices.flat[0].platform)  # refuses the kernels a platform has not
 
 
 def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
