@@ -19,9 +19,10 @@ def inputs(dtype, batch, length, heads, head_dim):
     return (q.astype(dtype), k.astype(dtype), v.astype(dtype)), g, streams
 
 
-def values_and_grads(attention, qkv, g):
-    """[out, dq, dk, dv] of `attention(q, k, v)` as float32 numpy, for the output gradient g."""
-    out, vjp = jax.vjp(attention, *qkv)
+def values_and_grads(fn, args, g):
+    """[value, one gradient per argument] of `fn(*args)` as float32 numpy, for the output gradient g
+    (attention: out, dq, dk, dv; also the residual LayerNorm's tests)."""
+    out, vjp = jax.vjp(fn, *args)
     return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(out.dtype)))]
 
 

@@ -13,6 +13,7 @@ from pmi_jax import fused_layer_norm
 from pmi_jax.config import apply_overrides, load_config
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import BertForMaskedLM, for_platform
+from tests import attention_reference as reference
 from tests import resume_check
 
 B, D, EPS = 2, 96, 1e-12  # D not a power of two: the kernel's masked columns
@@ -26,13 +27,8 @@ def _inputs(dtype, length):
     return (a, bias, x, 1.0 + scale, offset), g, fused_layer_norm.dropout_streams(keys[6], B)
 
 
-def _values_and_grads(fn, args, g):
-    y, vjp = jax.vjp(fn, *args)
-    return [np.asarray(v, np.float32) for v in (y, *vjp(g.astype(y.dtype)))]
-
-
 def _kernel(args, g, streams, rate):
-    return _values_and_grads(lambda *p: fused_layer_norm.residual_layer_norm(
+    return reference.values_and_grads(lambda *p: fused_layer_norm.residual_layer_norm(
         *p, streams, rate=rate, eps=EPS, interpret=True), args, g)
 
 
@@ -45,7 +41,7 @@ def _xla_path(args, g, keep, rate):
             h = h * keep.astype(h.dtype) / jnp.asarray(1.0 - rate, h.dtype)
         norm = nn.LayerNorm(epsilon=EPS, dtype=x.dtype, param_dtype=jnp.float32)
         return norm.apply({"params": {"scale": scale, "bias": offset}}, x + h)
-    return _values_and_grads(fn, args, g)
+    return reference.values_and_grads(fn, args, g)
 
 
 def _mask(streams, length, rate):

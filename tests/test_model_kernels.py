@@ -299,9 +299,10 @@ def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_grad
         mesh = partitioning.make_mesh(mesh_config, jax.devices()[:devices])
         rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
         with partitioning.activate(mesh, mesh_config):
-            split = jax.jit(jax.value_and_grad(loss))(params, jax.device_put(ids, rows), jax.device_put(mask, rows))
-            text = jax.jit(jax.value_and_grad(loss)).lower(params, jax.device_put(ids, rows),
-                                                             jax.device_put(mask, rows)).as_text()
+            lowered = jax.jit(jax.value_and_grad(loss)).lower(params, jax.device_put(ids, rows),
+                                                                jax.device_put(mask, rows))
+            text, split = lowered.as_text(), lowered.compile()(params, jax.device_put(ids, rows),
+                                                               jax.device_put(mask, rows))
         assert "shard_map" in text or "sdy.manual_computation" in text, "the kernels ran unsplit"
         np.testing.assert_allclose(split[0], single[0], rtol=1e-5)
         largest = max(np.abs(b).max() for b in jax.tree.leaves(single[1]))  # the key bias's is ~0: no rtol
