@@ -8,6 +8,7 @@ simply the step.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from pmi_jax.config import OptimizerConfig
@@ -33,8 +34,44 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def adamw(config: OptimizerConfig, learning_rate: float | optax.Schedule) -> optax.GradientTransformation:
-    """Gradient clipping, then AdamW with BERT's weight-decay mask, at `learning_rate`.
+_SMALL_LEAF = 1 << 16  # elements: biases and LayerNorm parameters, not weight matrices
+
+
+def global_norm(tree, grouped: bool = False) -> jax.Array:
+    """The square root of the sum of every leaf's squares: optax.tree.norm.
+
+    `grouped` reduces all leaves of up to `_SMALL_LEAF` elements in one kernel, where optax
+    takes one or two each: about 125 fewer kernel launches in BERT-base's GPU step. Only for
+    replicated leaves: concatenating sharded ones would gather them (`pmi_jax.train` decides).
+    """
+    if not grouped:
+        return optax.tree.norm(tree)
+    leaves = jax.tree.leaves(tree)
+    small = [x.ravel() for x in leaves if x.size <= _SMALL_LEAF]
+    squares = optax.tree.norm([x for x in leaves if x.size > _SMALL_LEAF], squared=True)
+    if small:  # a dot: XLA splits the sum of a concatenation back into one reduction per part
+        flat = jnp.concatenate(small)
+        squares = squares + jnp.dot(flat, flat, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sqrt(squares)
+
+
+def clip_by_global_norm(max_norm: float, grouped: bool = False) -> optax.GradientTransformation:
+    """optax.clip_by_global_norm, with the norm of `global_norm(..., grouped)`."""
+    if not grouped:
+        return optax.clip_by_global_norm(max_norm)
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates, grouped=True)
+        keep = norm < max_norm
+        return jax.tree.map(lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm), updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def adamw(config: OptimizerConfig, learning_rate: float | optax.Schedule,
+          grouped_norm: bool = False) -> optax.GradientTransformation:
+    """Gradient clipping (`clip_by_global_norm`), then AdamW with BERT's weight-decay mask, at `learning_rate`.
 
     Pretraining passes its schedule (`make_optimizer`); fine-tuning passes 1.0 and scales the
     update by a traced learning rate in its step, so that every learning rate of its grid
@@ -43,10 +80,10 @@ def adamw(config: OptimizerConfig, learning_rate: float | optax.Schedule) -> opt
     transform = optax.adamw(learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
                             weight_decay=config.weight_decay, mask=weight_decay_mask)
     if config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), transform)
+        return optax.chain(clip_by_global_norm(config.grad_clip_norm, grouped_norm), transform)
     return transform
 
 
-def make_optimizer(config: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
+def make_optimizer(config: OptimizerConfig, num_steps: int, grouped_norm: bool = False) -> optax.GradientTransformation:
     """Pretraining's optimizer: `adamw` on `learning_rate_schedule`."""
-    return adamw(config, learning_rate_schedule(config, num_steps))
+    return adamw(config, learning_rate_schedule(config, num_steps), grouped_norm)

@@ -29,7 +29,7 @@ from pmi_jax.config import PALLAS_ATTENTION, ExperimentConfig, check_resumed_set
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
 from pmi_jax.model import BertForMaskedLM, for_platform
-from pmi_jax.optimizer import learning_rate_schedule, make_optimizer
+from pmi_jax.optimizer import global_norm, learning_rate_schedule, make_optimizer
 from pmi_jax.batches import BatchSource, CorpusInfo
 from pmi_jax.mlm_loss import check_predictions, mlm_loss_terms
 from pmi_jax.progress import Progress
@@ -94,8 +94,9 @@ def state_shardings(model, tx, config: ExperimentConfig, mesh) -> tuple[TrainSta
     return abstract, shardings
 
 
-def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
-    """(state, batch) -> (state, metrics); pure, to be jitted with shardings."""
+def make_train_step(model, tx, config: ExperimentConfig, mesh, grouped_norm: bool = False) -> Callable:
+    """(state, batch) -> (state, metrics); pure, to be jitted with shardings. `grouped_norm`: the
+    metric's gradient norm as `tx` computes it (`optimizer.global_norm`), so XLA computes it once."""
     accum = config.optimizer.grad_accum_steps
     schedule = learning_rate_schedule(config.optimizer, config.train.num_steps)
     num_predictions = config.model.predictions(config.data.seq_len, config.data.highest_mask_rate)
@@ -132,7 +133,7 @@ def make_train_step(model, tx, config: ExperimentConfig, mesh) -> Callable:
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                                   opt_state=opt_state)
-        step_metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads),
+        step_metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": global_norm(grads, grouped_norm),
                         "learning_rate": schedule(state.step)}
         return new_state, step_metrics
 
@@ -168,14 +169,22 @@ class Program:
                             self.abstract.as_dict(), self.shardings.as_dict())
 
 
+def grouped_norm_applies(mesh, param_shardings) -> bool:
+    """Whether the step takes the gradient norm in few kernels (`optimizer.global_norm`): in
+    GPU programs, where each kernel launch costs, and only with every parameter replicated."""
+    return (mesh.devices.flat[0].platform in ("gpu", "cuda")
+            and all(s.is_fully_replicated for s in jax.tree.leaves(param_shardings)))
+
+
 def build_program(config: ExperimentConfig, mesh) -> Program:
     """Call inside `partitioning.activate(mesh, ...)`: the model's constraints bind at trace time."""
     model = BertForMaskedLM(for_platform(config.model, mesh.devices.flat[0].platform))
-    tx = make_optimizer(config.optimizer, config.train.num_steps)
-    abstract, shardings = state_shardings(model, tx, config, mesh)
+    abstract, shardings = state_shardings(model, make_optimizer(config.optimizer, config.train.num_steps), config, mesh)
+    grouped = grouped_norm_applies(mesh, shardings.params)
+    tx = make_optimizer(config.optimizer, config.train.num_steps, grouped)
     init = jax.jit(lambda: init_state(model, tx, config.train.seed, config.data.seq_len, config.train.prng_impl),
                    out_shardings=shardings)
-    step = jax.jit(make_train_step(model, tx, config, mesh),
+    step = jax.jit(make_train_step(model, tx, config, mesh, grouped),
                    in_shardings=(shardings, partitioning.batch_sharding(mesh)),
                    out_shardings=(shardings, partitioning.replicated(mesh)), donate_argnums=0)
     validate = jax.jit(make_validation_step(model, config),

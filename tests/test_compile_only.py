@@ -248,6 +248,33 @@ def test_tiny_compiles_for_an_h100_and_its_kernels_are_named():
     assert "kernels moving the most bytes" in text and "TB/s" in text
 
 
+_COMPILE_GPU_NORM = """
+import json, sys
+from pmi_jax import compile_only, hlo, train
+from pmi_jax.config import apply_overrides, load_config
+config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]))
+out = {}
+for grouped in (True, False):
+    if not grouped:  # what the step would be with optax's norm
+        train.grouped_norm_applies = lambda mesh, param_shardings: False
+    report, compiled = compile_only.compile_train_step(config, "h100")
+    out[str(grouped)] = {"launches": len(hlo.program_kernels(compiled.as_text())), "bytes": report.hlo_bytes}
+print(json.dumps(out))
+"""
+
+
+@needs_cuda_plugin
+def test_an_h100_step_takes_the_gradient_norm_in_few_kernels():
+    """The GPU step's default norm (`optimizer.global_norm`, grouped: all of tiny's 42 parameters
+    are small leaves) launches at least 30 fewer kernels than optax's one or two per leaf, for the
+    same bytes within 1%."""
+    report = _last_json(_COMPILE_GPU_NORM, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
+                        _cuda_env())
+    grouped, optax_norm = report["True"], report["False"]
+    assert grouped["launches"] <= optax_norm["launches"] - 30, report
+    assert grouped["bytes"] == pytest.approx(optax_norm["bytes"], rel=0.01), report
+
+
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():
     if HAS_CUDA_PLUGIN and importlib.util.find_spec("jax_cuda12_plugin") is not None:
         pytest.skip("the CUDA plugin is importable here: the command would compile")

@@ -9,7 +9,7 @@ import pytest
 from pmi_jax.checkpoints import abstract_model_params
 from pmi_jax.config import ModelConfig, OptimizerConfig
 from pmi_jax.model import BertForMaskedLM
-from pmi_jax.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
+from pmi_jax.optimizer import _SMALL_LEAF, global_norm, learning_rate_schedule, make_optimizer, weight_decay_mask
 
 CONFIG = OptimizerConfig(peak_learning_rate=1e-4, warmup_steps=100, weight_decay=0.01)
 
@@ -55,10 +55,11 @@ def test_adamw_shrinks_only_decayed_weights_by_lr_times_decay():
     np.testing.assert_array_equal(updates["norm"]["scale"], 0.0)
 
 
-def test_clipping_rescales_gradients_to_the_norm_before_adamw():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_clipping_rescales_gradients_to_the_norm_before_adamw(grouped):
     # A large eps makes Adam's update depend on the gradient's scale, so clipping shows.
     config = OptimizerConfig(peak_learning_rate=1.0, warmup_steps=1, eps=1.0, weight_decay=0.0)
-    clipping = make_optimizer(dataclasses.replace(config, grad_clip_norm=1.0), num_steps=10)
+    clipping = make_optimizer(dataclasses.replace(config, grad_clip_norm=1.0), num_steps=10, grouped_norm=grouped)
     plain = make_optimizer(dataclasses.replace(config, grad_clip_norm=0.0), num_steps=10)
     params = {"w": jnp.zeros((4,))}
     grads = {"w": jnp.array([30.0, -40.0, 0.0, 0.0])}  # norm 50
@@ -72,3 +73,21 @@ def test_clipping_rescales_gradients_to_the_norm_before_adamw():
     assert not np.allclose(clipped, second_update(plain, grads))
     small = {"w": jnp.array([0.3, -0.4, 0.0, 0.0])}  # norm 0.5: left alone
     np.testing.assert_allclose(second_update(clipping, small), second_update(plain, small), rtol=1e-6)
+
+
+def test_the_grouped_norm_is_optaxs_norm():
+    """Leaves above and below the small-leaf size, a scalar, a bf16 leaf, all in one tree: the
+    grouped norm (small leaves in one dot at HIGHEST precision) equals optax's to float32
+    rounding, jitted as in the train step; and clipping with it scales every leaf alike."""
+    import optax
+
+    keys = jax.random.split(jax.random.key(0), 5)
+    tree = {"big": jax.random.normal(keys[0], (_SMALL_LEAF // 64 + 1, 64)),
+            "bias": 3.0 * jax.random.normal(keys[1], (768,)), "heads": jax.random.normal(keys[2], (12, 64)),
+            "scalar": jnp.float32(-2.5), "half": jax.random.normal(keys[3], (96,)).astype(jnp.bfloat16),
+            "edge": jax.random.normal(keys[4], (_SMALL_LEAF,))}
+    expected = float(optax.tree.norm(jax.tree.map(lambda x: x.astype(jnp.float32), tree)))
+    for grouped in (False, True):
+        assert float(jax.jit(global_norm, static_argnums=1)(tree, grouped)) == pytest.approx(expected, rel=1e-6)
+    small = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([[0.0], [4.0]])}  # 5 exactly
+    assert float(global_norm(small, True)) == 5.0

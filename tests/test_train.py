@@ -705,3 +705,35 @@ def test_the_loop_calls_its_hooks_in_order_after_every_step_and_the_first_status
                      ("a", 12, 3, 3.0), ("b", 12, 3, 3.0)]
     finished = train._loop(step_fn, 0, iter([1, 2]), 0, [recorder("a")])
     assert (finished.status, finished.step) == ("completed", 2)
+
+
+def test_the_grouped_gradient_norm_gives_the_same_step():
+    """The GPU step's gradient norm (small leaves in one kernel, `train.grouped_norm_applies`)
+    against optax's, on CPU: the same loss, a grad_norm metric within float32 rounding, and the
+    same clipped AdamW step (clipping active: a norm limit below the gradient's norm), two steps."""
+    import jax.numpy as jnp
+
+    from pmi_jax import partitioning
+    from pmi_jax.model import BertForMaskedLM
+    from pmi_jax.optimizer import make_optimizer
+
+    config = _config("data.seq_len=64", "model.max_position_embeddings=64", "optimizer.grad_clip_norm=0.01",
+                     "optimizer.warmup_steps=1")
+    mesh = partitioning.make_mesh(config.mesh, jax.devices()[:1])
+    assert not train.grouped_norm_applies(mesh, None)  # a CPU program keeps optax's
+    model = BertForMaskedLM(config.model)
+    batch = batches.SyntheticBatches(config.model.vocab_size, 64, config.train.batch_size).global_batch(1)
+    out = {}
+    with partitioning.activate(mesh, config.mesh):
+        for grouped in (False, True):
+            tx = make_optimizer(config.optimizer, config.train.num_steps, grouped)
+            step = jax.jit(train.make_train_step(model, tx, config, mesh, grouped))
+            state, _ = step(train.init_state(model, tx, 0, 64), batch)  # AdamW's first step: learning rate 0
+            out[grouped] = step(state, batch)
+    (plain, plain_metrics), (grouped, grouped_metrics) = out[False], out[True]
+    assert float(plain_metrics["loss"]) == float(grouped_metrics["loss"])
+    assert float(plain_metrics["grad_norm"]) > 0.01
+    np.testing.assert_allclose(float(grouped_metrics["grad_norm"]), float(plain_metrics["grad_norm"]), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8), grouped.params, plain.params)
+    moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), plain.params, train.init_state(model, tx, 0, 64).params)
+    assert min(jax.tree.leaves(moved)) > 0  # every parameter took a step
