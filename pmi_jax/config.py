@@ -279,6 +279,16 @@ class OptimizerConfig:
     grad_clip_norm: float = 1.0  # 0 disables clipping
     grad_accum_steps: int = 1  # micro-batches per optimizer step (scanned inside one jit)
 
+    def __post_init__(self):
+        for name, ok, expected in (
+                ("peak_learning_rate", self.peak_learning_rate >= 0, "at least 0"),
+                ("warmup_steps", self.warmup_steps >= 0, "at least 0"),
+                ("b1", 0 <= self.b1 < 1, "in [0, 1)"), ("b2", 0 <= self.b2 < 1, "in [0, 1)"),
+                ("eps", self.eps > 0, "above 0"), ("weight_decay", self.weight_decay >= 0, "at least 0"),
+                ("grad_clip_norm", self.grad_clip_norm >= 0, "at least 0 (0: no clipping)")):
+            if not ok:
+                raise UserInputError(f"optimizer.{name}={getattr(self, name)}: expected {expected}")
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:

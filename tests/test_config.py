@@ -18,7 +18,7 @@ def test_overrides_parse_each_value_by_its_field_type():
     config = apply_overrides(_config(), [
         "model.num_layers=4", "optimizer.peak_learning_rate=2e-4", "optimizer.warmup_steps=1e3",
         "model.dtype=bfloat16", "data.scheme=random_span", "train.batch_size = 32",
-        "mesh.rules=[['batch', ['data', 'fsdp']], ['vocab', None]]", "optimizer.b1=1"])
+        "mesh.rules=[['batch', ['data', 'fsdp']], ['vocab', None]]", "optimizer.weight_decay=1"])
     assert config.model.num_layers == 4
     assert config.optimizer.peak_learning_rate == 2e-4
     assert config.optimizer.warmup_steps == 1000 and isinstance(config.optimizer.warmup_steps, int)
@@ -26,7 +26,7 @@ def test_overrides_parse_each_value_by_its_field_type():
     assert config.data.scheme == "random_span"
     assert config.train.batch_size == 32
     assert config.mesh.rules == (("batch", ("data", "fsdp")), ("vocab", None))  # lists become tuples
-    assert config.optimizer.b1 == 1.0 and isinstance(config.optimizer.b1, float)
+    assert config.optimizer.weight_decay == 1.0 and isinstance(config.optimizer.weight_decay, float)
     # Nothing else changed, and the original is untouched (frozen dataclasses, replaced).
     assert config.model.hidden_size == 64 and _config().model.num_layers == 2
 
@@ -60,6 +60,18 @@ def test_model_config_checks_itself():
         apply_overrides(_config(), ["model.dtype=float16"])
     with pytest.raises(UserInputError, match="model.dropout_mask='bits8': expected one of auto, bernoulli, bits16"):
         apply_overrides(_config(), ["model.dropout_mask=bits8"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.grad_clip_norm=-1", r"optimizer.grad_clip_norm=-1.0: expected at least 0 \(0: no clipping\)"),
+    ("optimizer.b2=1", r"optimizer.b2=1.0: expected in \[0, 1\)"),
+    ("optimizer.eps=0", "optimizer.eps=0.0: expected above 0"),
+    ("optimizer.warmup_steps=-5", "optimizer.warmup_steps=-5: expected at least 0"),
+])
+def test_optimizer_config_checks_itself(override, message):
+    with pytest.raises(UserInputError, match=message):
+        apply_overrides(_config(), [override])
+    assert apply_overrides(_config(), ["optimizer.grad_clip_norm=0"]).optimizer.grad_clip_norm == 0
 
 
 def test_config_round_trips_through_json():
