@@ -78,7 +78,7 @@ def test_clipping_rescales_gradients_to_the_norm_before_adamw(grouped):
 def test_the_grouped_norm_is_optaxs_norm():
     """Leaves above and below the small-leaf size, a scalar, a bf16 leaf, all in one tree: the
     grouped norm (small leaves in one dot at HIGHEST precision) equals optax's to float32
-    rounding, jitted as in the train step; and clipping with it scales every leaf alike."""
+    rounding, jitted as in the train step (clipping with it: the test above)."""
     import optax
 
     keys = jax.random.split(jax.random.key(0), 5)
