@@ -10,9 +10,9 @@ run in a process of its own, so that XLA flags can differ between variants and a
 variant cannot spoil the next. Per variant it records: compile time, the median step time of at
 least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops after
 `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16 peak
-(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient and
-residual LayerNorm the program was settled to, and for the variants marked `profile` a kernel-time
-profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
+(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient,
+residual LayerNorm and gradient norm the program was settled to, and for the variants marked
+`profile` a kernel-time profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
 `jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (`pmi_jax.hlo`:
 category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
 (the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
@@ -486,6 +486,7 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)
+        record["grad_norm"] = "grouped" if train.grouped_norm_applies(mesh, program.shardings.params) else "optax"
         host_batch = SyntheticBatches(config.model.vocab_size, variant.seq_len, config.train.batch_size,
                                             ).global_batch(0)
         batch = partitioning.global_batch_from_host(host_batch, mesh, config.train.batch_size)

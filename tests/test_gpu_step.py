@@ -49,6 +49,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert (paper["attention"], paper["embedding_grad"]) == ("written out (dropout)", "scatter")
     assert (fast["attention"], fast["embedding_grad"]) == ("xla", "sorted")
     assert (paper["residual_norm"], fast["residual_norm"]) == ("xla", "pallas-interpret")
+    assert paper["grad_norm"] == fast["grad_norm"] == "optax"  # grouped in GPU programs only
     assert fast["xla_flags"] == ["--xla_cpu_enable_fast_math=false"]
     profile = paper["profile"]["ms_per_step"]
     assert set(profile) == {"matmul", "attention", "scatter", "elementwise", "optimizer", "other"}
