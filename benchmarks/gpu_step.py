@@ -14,8 +14,8 @@ least 3 and at most `--steps` timed steps (after one warm-up step; the timed loo
 residual LayerNorm and gradient norm the program was settled to, and for the variants marked
 `profile` a kernel-time profile per category (matmul, attention, scatter, elementwise,
 optimizer, other) from a `jax.profiler` trace of 3 steps, each kernel attributed through the
-compiled HLO (`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
-(the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
+compiled HLO (`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped,
+in OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
 First of all it checks cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
 `attention_check`), then times one layer's attention, forward and backward, in each implementation
 at hand (`attention_kernels`), and one residual LayerNorm, XLA's against ours
