@@ -10,12 +10,12 @@ run in a process of its own, so that XLA flags can differ between variants and a
 variant cannot spoil the next. Per variant it records: compile time, the median step time of at
 least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops after
 `--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16 peak
-(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient,
-residual LayerNorm and gradient norm the program was settled to, and for the variants marked
-`profile` a kernel-time profile per category (matmul, attention, scatter, elementwise,
-optimizer, other) from a `jax.profiler` trace of 3 steps, each kernel attributed through the
-compiled HLO (`pmi_jax.hlo`: category, model operation, bytes), and that HLO itself, gzipped,
-in OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
+(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient, residual
+LayerNorm and gradient norm the program was settled to, and for the variants marked `profile` a
+kernel-time profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
+`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (`pmi_jax.hlo`:
+category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
+(the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
 First of all it checks cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
 `attention_check`), then times one layer's attention, forward and backward, in each implementation
 at hand (`attention_kernels`), and one residual LayerNorm, XLA's against ours
