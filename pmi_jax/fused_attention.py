@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["attention", "dropout_streams", "entry_bits", "keep_mask", "keep_threshold", "check_shapes"]
+__all__ = ["attention", "dropout_streams", "entry_bits", "keep_mask", "keep_threshold", "padded_length"]
 
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _LOG2E = math.log2(math.e)
@@ -66,12 +66,15 @@ def _blocks(length: int, blocks: tuple[int, int]) -> tuple[int, int]:
     return min(blocks[0], length), min(blocks[1], length)
 
 
-def check_shapes(q_shape, blocks: tuple[int, int] = DEFAULT_BLOCKS) -> None:
-    """Raise ValueError unless [B, L, H, K] inputs fit the kernel: L a multiple of both blocks."""
-    length = q_shape[1]
-    block_q, block_k = _blocks(length, blocks)
-    if length % block_q or length % block_k:
-        raise ValueError(f"sequence length {length} is not a multiple of the attention blocks {blocks}")
+def padded_length(length: int, blocks: tuple[int, int] = DEFAULT_BLOCKS) -> int:
+    """The length `attention` runs the kernel at: `length` rounded up to a multiple of the larger
+    block, or to a power of two of at least 16 when shorter (Triton's blocks are powers of two)."""
+    if any(b < 16 or b & (b - 1) for b in blocks):
+        raise ValueError(f"attention blocks {blocks}: each must be a power of two of at least 16")
+    block = max(blocks)
+    if length >= block:
+        return -(-length // block) * block
+    return max(16, 1 << (length - 1).bit_length())
 
 
 def _key_blocks(length, block_k):
@@ -264,11 +267,18 @@ def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *,
     is kept where `keep_mask(streams_BxHx2, L, rate)` holds it, and kept entries are scaled by
     1 / (1 - rate). Differentiable in q, k and v; the backward pass regenerates the mask.
     `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a GPU.
+    Any L: the kernel runs on inputs padded to `padded_length(L)`; the padding keys lie past
+    every length and the padding queries' outputs are cut off, so values, gradients and the
+    mask of each (q, k) are those at L.
     """
-    check_shapes(q_BxLxHxK.shape, blocks)
     if rate > 0.0 and streams_BxHx2 is None:
         raise ValueError("attention dropout needs the streams of a dropout key (dropout_streams)")
+    batch, length, heads, _ = q_BxLxHxK.shape
     if streams_BxHx2 is None:
-        streams_BxHx2 = jnp.zeros((q_BxLxHxK.shape[0], q_BxLxHxK.shape[2], 2), jnp.uint32)
-    return _attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B.astype(jnp.int32),
-                      streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), bool(interpret))
+        streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
+    pad = padded_length(length, blocks) - length
+    q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else x
+               for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+    out_BxLxHxK = _attention(q, k, v, jnp.minimum(lengths_B.astype(jnp.int32), length),
+                             streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), bool(interpret))
+    return out_BxLxHxK[:, :length] if pad else out_BxLxHxK

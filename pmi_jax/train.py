@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pmi_jax import checkpoints, flops, fused_attention, partitioning, paths, storage, tpu_attention
+from pmi_jax import checkpoints, flops, partitioning, paths, storage, tpu_attention
 from pmi_jax.config import PALLAS_ATTENTION, ExperimentConfig, check_resumed_settings, to_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.formats import run_dir
@@ -217,25 +217,20 @@ def validate(config: ExperimentConfig, mesh) -> None:
         raise UserInputError(
             f"sequence length {config.data.seq_len} exceeds model.max_position_embeddings="
             f"{config.model.max_position_embeddings}")
-    if config.model.attention in PALLAS_ATTENTION:
-        _validate_pallas_attention(config, mesh)
+    if config.model.attention in PALLAS_ATTENTION and mesh.devices.flat[0].platform == "tpu":
+        _validate_tpu_attention(config)
     for_platform(config.model, mesh.devices.flat[0].platform)  # refuses the kernels a platform has not
 
 
-def _validate_pallas_attention(config: ExperimentConfig, mesh) -> None:
-    """The Pallas kernels' limits that a run's settings can break (docs/gpu.md, docs/tpu.md). Both run
-    on each device's shard of the batch and heads (`model._on_each_shard`)."""
-    tpu = mesh.devices.flat[0].platform == "tpu"
+def _validate_tpu_attention(config: ExperimentConfig) -> None:
+    """The Mosaic kernel's limits that a run's settings can break (docs/tpu.md); it runs on each
+    device's shard of the batch and heads (`model._on_each_shard`). The GPU kernel takes any length."""
     m = config.model
     try:
-        if tpu:
-            tpu_attention.check_shapes((1, config.data.seq_len, m.num_heads, m.head_dim))
-        else:
-            fused_attention.check_shapes((1, config.data.seq_len))
+        tpu_attention.check_shapes((1, config.data.seq_len, m.num_heads, m.head_dim))
     except ValueError as e:
-        fix = "model.attention=auto" if tpu else "a multiple of the blocks or model.attention=auto"
         raise UserInputError(f"data.seq_len={config.data.seq_len} with model.attention={config.model.attention}: {e}; "
-                             f"use {fix}") from None
+                             "use model.attention=auto") from None
 
 
 # --------------------------------------------------------------------------------------
