@@ -60,9 +60,13 @@ def _layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def _gelu_f32(form: str, x_f32):
-    # "erf" by default: the GELU of transformers' BERT (module docstring: why); "tanh" as an option.
-    # The formulas are jax.nn.gelu's, so in float32 the values are its values.
-    return nn.gelu(x_f32, approximate=form == "tanh")
+    # "erf" by default: the GELU of transformers' BERT (module docstring: why), in its formula
+    # x (1 + erf(x / sqrt 2)) / 2. jax.nn.gelu writes it with erfc, whose expansion (two rational
+    # approximations, exp, two divisions) made the forward compute-bound on an H100; the values
+    # differ by float32 rounding in the negative tail only. "tanh": jax.nn.gelu's approximation.
+    if form == "tanh":
+        return nn.gelu(x_f32, approximate=True)
+    return 0.5 * x_f32 * (1.0 + jax.lax.erf(x_f32 * (1.0 / math.sqrt(2.0))))
 
 
 def _gelu_slope_f32(form: str, x_f32):
@@ -264,7 +268,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       BERT-base's step with them needed 2.9 GiB more per chip and an estimated 17% more time
       (benchmarks/README.md, "tpu compile").
     - `attention="auto"`: cuDNN's fused attention where it applies (`cudnn_attention_applies`),
-      jax.nn.dot_product_attention's XLA path elsewhere.
+      the Triton kernel with its dropout in GPU programs with attention dropout
+      (`pallas_attention_applies`), jax.nn.dot_product_attention's XLA path elsewhere.
     - `embedding_grad="auto"`: the sorted segment sum on GPUs, where the scatter's atomics cost
       14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
     - `dropout_mask="auto"`: 16-bit masks (`_keep_mask16`) on GPUs, where they move fewer
@@ -278,7 +283,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     if config.xla_cpu_variants == "cpu":
         changes["xla_cpu_variants"] = "always" if platform == "cpu" else "never"
     if config.attention == "auto":
-        changes["attention"] = "cudnn" if cudnn_attention_applies(config, platform) else "xla"
+        changes["attention"] = ("cudnn" if cudnn_attention_applies(config, platform) else
+                                "pallas-triton" if pallas_attention_applies(config, platform) else "xla")
     if config.attention == "pallas":
         if platform not in ("gpu", "cuda", "cpu", "tpu"):
             raise UserInputError(f"model.attention=pallas: the kernels are written for GPUs and TPUs; a {platform} "
@@ -298,8 +304,9 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
 
 def for_evaluation(config: ModelConfig) -> ModelConfig:
     """`config` for evaluation, where nothing is dropped: the Pallas kernels' choices go back to the
-    XLA paths, which compute the same function there on every platform (the interpreted kernels are
-    slow on CPUs, and TPU programs refuse the residual LayerNorm's). The parameters are the same."""
+    XLA LayerNorm and "auto" attention, which compute the same function there on every platform
+    (the interpreted kernels are slow on CPUs, and TPU programs refuse the residual LayerNorm's;
+    "auto" may take the Triton attention again on GPUs). The parameters are the same."""
     changes = {}
     if config.residual_norm != "xla":
         changes["residual_norm"] = "xla"
@@ -317,6 +324,17 @@ def cudnn_attention_applies(config: ModelConfig, platform: str) -> bool:
     """
     return (platform in ("gpu", "cuda") and config.attention_dropout_rate == 0.0 and config.dtype == "bfloat16"
             and config.head_dim % 8 == 0 and config.head_dim <= 128)
+
+
+def pallas_attention_applies(config: ModelConfig, platform: str) -> bool:
+    """Whether `attention="auto"` takes the Triton kernel (`pmi_jax.fused_attention`) for `platform`.
+
+    Where cuDNN's does not apply because of attention dropout, on NVIDIA GPUs with bf16 inputs
+    and a head dimension Triton's blocks take (a power of two of at least 16): BERT-base's step
+    in the paper's setting took 36.4 ms instead of 53.6 on an H100 (benchmarks/README.md).
+    """
+    return (platform in ("gpu", "cuda") and config.attention_dropout_rate > 0.0 and config.dtype == "bfloat16"
+            and config.head_dim >= 16 and not config.head_dim & (config.head_dim - 1))
 
 
 def attention_implementation(config: ModelConfig) -> str:
