@@ -217,8 +217,10 @@ def _backend_dims(attributes: str, key: str) -> dict:  # a dimension-numbers obj
 
 def instruction_flops(module: Module, computation: str, inst: Instruction) -> float:
     """Matmul FLOPs of one instruction, from its shapes: dots (inside fusions too), cuBLAS GEMMs,
-    cuDNN attention (forward: its two batched products; backward: five, the scores recomputed).
-    Elementwise work is not counted: it is small beside the matmuls and bound by bytes."""
+    cuDNN attention (forward: its two batched products; backward: five, the scores recomputed),
+    our Triton attention (`pmi_jax.fused_attention`: forward two, dK/dV four, dQ three, over the
+    whole [L, L] as the formula counts). Elementwise work is not counted: it is small beside the
+    matmuls and bound by bytes."""
     if inst.opcode == "dot":
         m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.attributes)
         lhs = module.shape_of(computation, inst.operands[0]) if inst.operands else ""
@@ -241,6 +243,12 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
         head_dim = math.prod(q) / math.prod(scores[:3])
         products = 5 if "backward" in inst.target.lower() else 2
         return products * 2.0 * math.prod(scores) * head_dim
+    ours = re.search(OUR_ATTENTION_KERNELS + r"(forward|dkv|dq)\b", inst.op_name)
+    if inst.opcode == "custom-call" and ours and len(inst.operands) > 2:
+        q = _dims(module.shape_of(computation, inst.operands[2]))  # (lengths, streams, q, k, v, ...)
+        if len(q) == 4:
+            batch, length, heads, head_dim = q
+            return {"forward": 2, "dkv": 4, "dq": 3}[ours.group(1)] * 2.0 * batch * heads * length ** 2 * head_dim
     return sum(instruction_flops(module, called, i) for called in inst.calls
                for i in module.computations.get(called, ()))
 

@@ -83,6 +83,25 @@ ENTRY %main (p0: bf16[32,512,768]) -> bf16[32,512,768] {{
     assert found.category == expected
 
 
+@pytest.mark.parametrize("kernel, products", [("forward", 2), ("dkv", 4), ("dq", 3)])
+def test_our_attention_kernels_count_the_products_they_compute(kernel, products):
+    """pmi_jax.fused_attention's three Triton calls, (lengths, streams, q, k, v, ...) -> ...: each
+    product over the whole [L, L] is 2 B H L^2 K FLOPs (B 2, L 128, H 3, K 16)."""
+    text = f"""HloModule ours
+
+ENTRY %main (l: s32[2], s: u32[2,3,2], q: bf16[2,128,3,16], k: bf16[2,128,3,16], v: bf16[2,128,3,16]) -> bf16[2,128,3,16] {{
+  %l = s32[2]{{0}} parameter(0)
+  %s = u32[2,3,2]{{2,1,0}} parameter(1)
+  %q = bf16[2,128,3,16]{{3,2,1,0}} parameter(2)
+  %k = bf16[2,128,3,16]{{3,2,1,0}} parameter(3)
+  %v = bf16[2,128,3,16]{{3,2,1,0}} parameter(4)
+  ROOT %pallas_call.1 = bf16[2,128,3,16]{{3,2,1,0}} custom-call(%l, %s, %q, %k, %v), custom_call_target="__gpu$xla.gpu.triton", metadata={{op_name="jit(step)/encoder/layer_0/attention_dropout_{kernel}/pallas_call"}}
+}}
+"""
+    (found,) = hlo.program_kernels(text)
+    assert found.category == "attention" and found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
+
+
 def test_batched_dot_flops_count_the_batch():
     q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
     kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
