@@ -35,7 +35,11 @@ VARIANTS = {  # gpu_step.py's names
     "base-512-paper": ("base", ()),
     "base-512-attn0-fln": ("base", ("model.attention_dropout_rate=0", "model.residual_norm=pallas")),
     "base-512-paper-fln": ("base", ("model.residual_norm=pallas",)),
+    "base-512-paper-written": ("base", ("model.attention=xla",)),
     "large-512-paper": ("large", ()),
+    "large-512-paper-unrolled": ("large", ("model.scan_layers=false", "model.remat=none")),
+    "large-512-attn0-unrolled": ("large", ("model.attention_dropout_rate=0", "model.scan_layers=false",
+                                           "model.remat=none")),
     "base-128-attn0-b128": ("base", ("model.attention_dropout_rate=0", "data.seq_len=128", "train.batch_size=128")),
     "base-128-paper-b128": ("base", ("data.seq_len=128", "train.batch_size=128")),
 }

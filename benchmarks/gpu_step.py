@@ -9,7 +9,8 @@ gathered masked positions, backward, clipping, AdamW) on a synthetic batch
 run in a process of its own, so that XLA flags can differ between variants and an out-of-memory
 variant cannot spoil the next. Per variant it records: compile time, the median step time of at
 least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops after
-`--timed-s` seconds), tokens/s (padding included), MFU against the device's dense bf16 peak
+`--timed-s` seconds, each waited for), the same number of steps dispatched back to back as the
+trainer runs them (three windows, ms per step each), tokens/s (padding included), MFU against the device's dense bf16 peak
 (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient, residual
 LayerNorm and gradient norm the program was settled to, and for the variants marked `profile` a
 kernel-time profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
@@ -17,9 +18,9 @@ kernel-time profile per category (matmul, attention, scatter, elementwise, optim
 category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
 (the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
 First of all it checks cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
-`attention_check`), then times one layer's attention, forward and backward, in each implementation
-at hand (`attention_kernels`), and one residual LayerNorm, XLA's against ours
-(`layer_norm_kernels`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
+`attention_check`); micro-benchmarks time one layer's attention, forward and backward, in each
+implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
+(`layer_norm_kernels`), and the feed-forward GELU in three formulas (`gelu_kernels`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
 command fits 9 minutes of a 10-minute machine call); a variant is started only with its `min_s`
 left, those left out are recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after
 every variant.
@@ -64,45 +65,51 @@ class Variant:
     xla_flags: tuple = ()
     profile: bool = False
     # The least time a variant is started with (compile, warm-up, 3 steps, the profile): with less
-    # left it is skipped, not started and killed mid-compile. Batch 128 at length 512 compiled in
-    # more than the 27 s it was left on an H100 (benchmarks/README.md).
-    min_s: float = 20.0
+    # left it is skipped, not started and killed mid-compile. On the lent H100 a BERT-base variant
+    # at 512 x 32 took 90-95 s (30 s of it compiling), BERT-large's scanned layers 23-28 s
+    # (benchmarks/README.md; `phases_s` in each record says where the time went).
+    min_s: float = 100.0
 
 
 PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py)
 NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
-CHECK = Variant("attention-check")  # cuDNN's attention against XLA's, values and gradients
-KERNELS = Variant("attention-kernels")  # one layer's attention, forward and backward, per implementation
-NORMS = Variant("layer-norm-kernels")  # one residual LayerNorm, forward and backward: XLA's and ours
+UNROLLED = ("model.scan_layers=false", "model.remat=none")  # large's config scans and rematerialises
+
+CHECK = Variant("attention-check", min_s=15)  # cuDNN's attention against XLA's, values and gradients
+KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forward and backward, per implementation
+NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forward and backward: XLA's and ours
+GELUS = Variant("gelu-kernels", min_s=25)  # the feed-forward GELU, forward and backward: erf, erfc, tanh
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
 # phase, 90% of its steps) at batch 128 has the tokens of 512 x 32.
 GPU_PLAN = (
     CHECK,
-    KERNELS,
-    NORMS,
-    Variant("base-512-paper", overrides=PAPER, profile=True),
+    GELUS,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
-    Variant("base-512-paper-pallas", overrides=("model.attention=pallas",), profile=True),
+    Variant("base-512-paper", overrides=PAPER, profile=True),  # the Pallas attention (auto, since 2026-11-28)
     # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
     Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
     Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
-    Variant("base-512-paper-pallas-fln", overrides=("model.attention=pallas", "model.residual_norm=pallas"),
-            profile=True),
+    Variant("large-512-attn0-unrolled", size="large", overrides=NO_ATTN_DROPOUT + UNROLLED, profile=True, min_s=150),
+    Variant("large-512-paper-unrolled", size="large", overrides=UNROLLED, profile=True, min_s=150),
+    Variant("large-512-paper", size="large", profile=True, min_s=40),
+    Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT, min_s=40),
+    KERNELS,
+    NORMS,
+    Variant("base-512-paper-written", overrides=("model.attention=xla",)),  # the default before 2026-11-28
     Variant("base-128-paper-b128", seq_len=128, batch_per_device=128, profile=True, min_s=90),
     Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT, profile=True,
             min_s=90),
     Variant("base-512-paper-b128", batch_per_device=128, min_s=150),
-    Variant("large-512-paper", size="large", profile=True, min_s=60),
     Variant("base-512-attn0-b128", batch_per_device=128, overrides=NO_ATTN_DROPOUT, min_s=150),
     Variant("base-128-paper-b256", seq_len=128, batch_per_device=256, min_s=120),
+    Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
     Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
     Variant("base-512-paper-rbg", overrides=("train.prng_impl=rbg",)),
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
     Variant("base-512-paper-b64", batch_per_device=64),
-    Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT),
-    Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",)),
+    Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",), min_s=40),
     Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
     # The hidden dropouts' masks as before the 16-bit ones (one threefry block per element).
     Variant("base-512-attn0-bernoulli", overrides=NO_ATTN_DROPOUT + ("model.dropout_mask=bernoulli",)),
@@ -111,7 +118,6 @@ GPU_PLAN = (
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
     Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
     Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
-    Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
 )
 
 # The CPU dry run: the same code paths on a model small enough for a test.
@@ -120,6 +126,7 @@ CPU_PLAN = (
     CHECK,
     KERNELS,
     NORMS,
+    GELUS,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
@@ -132,15 +139,15 @@ CPU_PLAN = (
 # Kernel profile
 # --------------------------------------------------------------------------------------
 
-def profile_steps(run_step, steps: int, hlo_text: str, module: str) -> dict:
-    """Kernel milliseconds per step by category, from a jax.profiler trace of `steps` steps; each
-    kernel attributed through the compiled HLO (`pmi_jax.hlo`: category, model operation, bytes)."""
+def profile_steps(run_steps, steps: int, hlo_text: str, module: str) -> dict:
+    """Kernel milliseconds per step by category, from a jax.profiler trace of `run_steps(steps)`
+    (dispatched back to back, so the idle gaps are the device's, not the host's); each kernel
+    attributed through the compiled HLO (`pmi_jax.hlo`: category, model operation, bytes)."""
     import jax
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(steps):
-                run_step()
+            run_steps(steps)
         (path,) = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
         with gzip.open(path) as f:
             events = json.load(f)["traceEvents"]
@@ -164,12 +171,16 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
     known = groups | {k.name: groups[k.kernel] for k in kernels if k.kernel in groups}
     totals = dict.fromkeys(CATEGORIES, 0.0)
     per_op: dict[str, float] = {}
+    spans = []  # (start, end, kernel name) of the device's kernels, for the idle time between them
     for e in events:
         if e.get("ph") != "X" or (devices and e.get("pid") not in devices):
             continue
         args = e.get("args") or {}
         if args.get("hlo_module") and not str(args["hlo_module"]).startswith(module):
             continue
+        if devices:
+            start = float(e.get("ts", 0.0))
+            spans.append((start, start + float(e.get("dur", 0.0)), e.get("name", "")))
         op = args.get("hlo_op") or e.get("name", "")
         if not args.get("hlo_op") and not devices:
             continue  # host-side bookkeeping on CPU
@@ -194,7 +205,25 @@ def kernel_times(events: list, categories: dict[str, str], module: str, steps: i
 
     return {"ms_per_step": {k: round(v, 3) for k, v in totals.items()},
             "kernel_ms_per_step": round(sum(totals.values()), 3),
-            "top_ops": [row(op, category, ms) for (op, category), ms in top]}
+            "top_ops": [row(op, category, ms) for (op, category), ms in top]} | _idle(spans, steps)
+
+
+def _idle(spans: list, steps: int, top: int = 8) -> dict:
+    """The device's idle time between the first kernel and the last, per step, and the longest idle
+    gaps with the kernels either side: the step time that no kernel accounts for."""
+    if not spans:
+        return {}
+    spans.sort()
+    gaps, busy_until, before = [], spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        if start > busy_until:
+            gaps.append((start - busy_until, before, name))
+        if end >= busy_until:
+            busy_until, before = end, name
+    gaps.sort(key=lambda g: -g[0])
+    return {"idle_ms_per_step": round(sum(g[0] for g in gaps) / 1e3 / steps, 3),
+            "idle_gaps_per_step": round(len(gaps) / steps, 1),
+            "longest_gaps": [{"us": round(us, 1), "after": a[:80], "before": b[:80]} for us, a, b in gaps[:top]]}
 
 
 def _category_from_kernel_name(name: str) -> str:
@@ -441,6 +470,36 @@ def layer_norm_kernels(platform: str | None, repeats: int = 20) -> dict:
                 ("y", "da", "dbias", "dx", "dscale", "doffset"))}
 
 
+def gelu_kernels(platform: str | None, repeats: int = 20) -> dict:
+    """The feed-forward GELU, forward and backward, at BERT-base's [32, 512, 3072] bf16 (12 per
+    step; the MLM head's is smaller): `model._gelu` (erf) against the same with jax.nn.gelu's erfc
+    formula in the forward, which the profile found compute-bound, and the tanh form."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import model
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    shape = (32, 512, 3072) if on_gpu else (2, 64, 96)
+    kx, kg = jax.random.split(jax.random.key(0))
+    x, g = (jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16) * 3 for k in (kx, kg))
+
+    @jax.custom_vjp
+    def erfc_form(x):
+        return jax.nn.gelu(x.astype(jnp.float32), approximate=False).astype(x.dtype)
+
+    erfc_form.defvjp(lambda x: (erfc_form(x), x), lambda x, dy: (
+        (dy.astype(jnp.float32) * model._gelu_slope_f32("erf", x.astype(jnp.float32))).astype(x.dtype),))
+    forms = {"erf (model._gelu)": lambda v: model._gelu("erf", v), "erfc (jax.nn.gelu's formula)": erfc_form,
+             "tanh (model.gelu=tanh)": lambda v: model._gelu("tanh", v)}
+    return {"variant": GELUS.name, "what": "one feed-forward GELU, forward + backward", "shape": list(shape),
+            "per_step": 12, "forms": _time_forms(forms, (x,), g, repeats if on_gpu else 3),
+            "ours_vs_reference_same_mask": _errors_against_float32(
+                lambda v: model._gelu_f32("erf", v), {"erf": forms["erf (model._gelu)"], "erfc": erfc_form},
+                (x,), g, ("y", "dx"))}
+
+
 # --------------------------------------------------------------------------------------
 # One variant (in its own process)
 # --------------------------------------------------------------------------------------
@@ -490,7 +549,9 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
         host_batch = SyntheticBatches(config.model.vocab_size, variant.seq_len, config.train.batch_size,
                                             ).global_batch(0)
         batch = partitioning.global_batch_from_host(host_batch, mesh, config.train.batch_size)
-        state = program.init()
+        phases, start = {}, time.perf_counter()  # where a variant's wall time goes, for planning budgets
+        state = jax.block_until_ready(program.init())
+        phases["init"] = time.perf_counter() - start
         start = time.perf_counter()
         compiled = program.step.lower(state, batch).compile()
         record["compile_s"] = round(time.perf_counter() - start, 1)
@@ -500,24 +561,42 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
             record["compiled_argument_gib"] = round(memory.argument_size_in_bytes / 2**30, 3)
         box = {"state": state}
 
-        def run_step():
-            box["state"], out = compiled(box["state"], batch)
+        def run_steps(n: int):  # dispatched back to back as the trainer runs them, then waited for
+            for _ in range(n):
+                box["state"], out = compiled(box["state"], batch)
             jax.block_until_ready(out)
 
+        def run_step():
+            run_steps(1)
+
+        start = time.perf_counter()
         run_step()  # warm-up
+        phases["warm_up"] = time.perf_counter() - start
         times, deadline = [], time.perf_counter() + timed_s
         while len(times) < steps and (len(times) < 3 or time.perf_counter() < deadline):
             t = time.perf_counter()
             run_step()
             times.append(time.perf_counter() - t)
+        # As the trainer runs steps: dispatched without waiting, so that the host prepares the next
+        # step (about 600 state arrays) while the device runs this one; 3 windows of len(times) steps.
+        pipelined = []
+        for _ in range(3):
+            t = time.perf_counter()
+            run_steps(len(times))
+            pipelined.append((time.perf_counter() - t) / len(times))
         if variant.profile:
+            start = time.perf_counter()
             text = compiled.as_text()
             if hlo_dir:
                 record["hlo"] = _write_hlo(text, hlo_dir, variant.name)
+            phases["hlo"] = time.perf_counter() - start
+            start = time.perf_counter()
             try:  # a profiler that does not start (no CUPTI, say) must not cost the timings
-                record["profile"] = profile_steps(run_step, 3, text, "jit_train_step")
+                record["profile"] = profile_steps(run_steps, 3, text, "jit_train_step")
             except Exception as e:  # noqa: BLE001
                 record["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            phases["profile"] = time.perf_counter() - start
+        record["phases_s"] = {k: round(v, 1) for k, v in phases.items()}
     stats = devices[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         record["peak_memory_gib"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
@@ -528,6 +607,7 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
     utilisation = flops.mfu(flops_per_token, tokens_per_s, n, peak)
     record.update(timed_steps=len(times), ms_per_step=round(1e3 * step_s, 2),
                   ms_min=round(1e3 * min(times), 2), ms_max=round(1e3 * max(times), 2),
+                  ms_per_step_pipelined=[round(1e3 * p, 2) for p in pipelined],
                   tokens_per_s=round(tokens_per_s), tflops_per_device=round(flops_per_token * tokens_per_s / n / 1e12, 2),
                   peak_tflops=peak / 1e12 if peak else None,
                   mfu=round(utilisation, 4) if utilisation is not None else None,
@@ -581,7 +661,7 @@ def _write(path: str, payload: dict) -> None:
 def _line(r: dict) -> str:
     if "error" in r or "skipped" in r:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
-    if r["variant"] in (KERNELS.name, NORMS.name):
+    if r["variant"] in (KERNELS.name, NORMS.name, GELUS.name):
         return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
             f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
             for name, f in r["forms"].items()] + [
@@ -594,10 +674,13 @@ def _line(r: dict) -> str:
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "  n/a"
     memory = r.get("peak_memory_gib", r.get("compiled_temp_gib"))
     text = (f"{r['variant']:<30} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10} {mfu:>6} {memory:>8.2f} "
-            f"{r['compile_s']:>7.1f}  {r['attention']}, embedding {r['embedding_grad']}")
+            f"{r['compile_s']:>7.1f}  {r['attention']}, embedding {r['embedding_grad']}; pipelined ms/step "
+            + ", ".join(f"{p:.1f}" for p in r.get("ms_per_step_pipelined", ())))
     if "profile" in r:
         p = r["profile"]["ms_per_step"]
         text += "\n" + " " * 32 + "kernels ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in p.items())
+        if "idle_ms_per_step" in r["profile"]:
+            text += f"; device idle {r['profile']['idle_ms_per_step']:.1f}"
     return text
 
 
@@ -620,6 +703,8 @@ def main(argv=None) -> None:
             print(json.dumps(attention_kernels(args.platform or None)))
         elif variant.name == NORMS.name:
             print(json.dumps(layer_norm_kernels(args.platform or None)))
+        elif variant.name == GELUS.name:
+            print(json.dumps(gelu_kernels(args.platform or None)))
         else:
             print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None, args.hlo_dir)))
         return

@@ -20,7 +20,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
     assert [r["variant"] for r in results] == ["attention-check", "attention-kernels", "layer-norm-kernels",
-                                                  "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
+                                                  "gelu-kernels", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
@@ -40,9 +40,16 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert set(same_mask["ours"]) == {"y", "da", "dbias", "dx", "dscale", "doffset"}, same_mask
     for name, error in same_mask["ours"].items():
         assert error <= 2 * same_mask["xla bf16"][name] + 0.01, same_mask
+    # The GELU's three formulas; erf and erfc in bf16 within 2 bf16 ulps (2^-7) of float32 erf's.
+    record = results.pop(0)
+    assert len(record["forms"]) == 3 and all(f.get("ms_fwd_bwd", 0) > 0 for f in record["forms"].values()), record
+    errors = record["ours_vs_reference_same_mask"]
+    assert all(e <= 2.0 ** -7 for form in ("erf", "erfc") for e in errors[form].values()), errors
     for r in results:
+        assert set(r["phases_s"]) >= {"init", "warm_up"}, r
         assert "error" not in r, r
         assert r["timed_steps"] >= 3 and r["ms_per_step"] > 0 and r["forbidden_modules"] == []
+        assert len(r["ms_per_step_pipelined"]) == 3 and min(r["ms_per_step_pipelined"]) > 0
         assert r["tokens_per_s"] > 0
         assert r["mfu"] is None  # no known peak for a CPU
     paper, fast = results
@@ -71,7 +78,7 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent"] * 5  # the CPU plan, none run
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 6  # the CPU plan, none run
 
 
 def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
@@ -95,15 +102,21 @@ def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
     fusion = next((k.name for k in kernels if k.category == "elementwise"), None)
     device = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}}]
 
-    def kernel(name, us, op="command_buffer_1"):
-        return {"ph": "X", "pid": 7, "name": name, "dur": us, "args": {"hlo_op": op, "hlo_module": "jit_f"}}
+    clock = [0.0]
+
+    def kernel(name, us, op="command_buffer_1", gap=10.0):  # each kernel starts `gap` us after the last ends
+        clock[0] += gap
+        event = {"ph": "X", "pid": 7, "ts": clock[0], "name": name, "dur": us,
+                 "args": {"hlo_op": op, "hlo_module": "jit_f"}}
+        clock[0] += us
+        return event
 
     events = device + [kernel(hlo.kernel_name(matmul), 3000.0),
                        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1000.0),
                        kernel("cudnn_generated_fort_native_sdpa_sm90", 500.0),
                        kernel("loop_add_fusion_99", 250.0),
-                       kernel("some_memcpy", 100.0),
-                       {"ph": "X", "pid": 8, "name": "host work", "dur": 9e6, "args": {}}]
+                       kernel("some_memcpy", 100.0, gap=700.0),
+                       {"ph": "X", "pid": 8, "ts": 0.0, "name": "host work", "dur": 9e6, "args": {}}]
     if fusion is not None:
         events.append(kernel(hlo.kernel_name(fusion), 2000.0))
     out = gpu_step.kernel_times(events, categories, "jit_f", steps=2, kernels=kernels)
@@ -111,6 +124,11 @@ def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
     assert ms["matmul"] == 2.0 and ms["attention"] == 0.25 and ms["other"] == 0.05
     assert ms["elementwise"] == 0.125 + (1.0 if fusion is not None else 0.0)
     assert out["kernel_ms_per_step"] == round(sum(ms.values()), 3)
+    # The device's idle time between its kernels (the host's events are not the device's): gaps of
+    # 10 us but one of 700 us before the memcpy, over 2 steps.
+    gaps = 5 if fusion is not None else 4  # between 6 (5) kernels
+    assert out["idle_ms_per_step"] == round((700 + 10 * (gaps - 1)) / 1e3 / 2, 3)
+    assert out["longest_gaps"][0] == {"us": 700.0, "after": "loop_add_fusion_99", "before": "some_memcpy"}
     assert out["top_ops"][0]["op"].startswith(hlo.kernel_name(matmul))
     # A kernel found in the HLO carries its bytes by shape (x, w and the [64, 16] f32 result, each
     # once) and the operation it computes.
