@@ -10,20 +10,22 @@ run in a process of its own, so that XLA flags can differ between variants and a
 variant cannot spoil the next. Per variant it records: compile time, the median step time of at
 least 3 and at most `--steps` timed steps (after one warm-up step; the timed loop stops after
 `--timed-s` seconds, each waited for), the same number of steps dispatched back to back as the
-trainer runs them (three windows, ms per step each), tokens/s (padding included), MFU against the device's dense bf16 peak
-(`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, the attention, embedding gradient, residual
-LayerNorm and gradient norm the program was settled to, and for the variants marked `profile` a
-kernel-time profile per category (matmul, attention, scatter, elementwise, optimizer, other) from a
-`jax.profiler` trace of 3 steps, each kernel attributed through the compiled HLO (`pmi_jax.hlo`:
-category, model operation, bytes), and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz
-(the kernel names of a profile are its instructions'; read it with `pmi_jax.hlo.program_kernels`).
-First of all it checks cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
+trainer runs them (three windows, ms per step each), tokens/s (padding included), MFU against
+the device's dense bf16 peak (`pmi_jax.flops`: H100 989 TFLOP/s), peak device memory, where the
+wall time went, the attention, embedding gradient, residual LayerNorm and gradient norm the
+program was settled to, and for the variants marked `profile` a kernel-time profile per
+category (matmul, attention, scatter, elementwise, optimizer, other) from a `jax.profiler`
+trace of 3 steps dispatched back to back, with the device's idle time between kernels, each
+kernel attributed through the compiled HLO (`pmi_jax.hlo`: category, model operation, bytes),
+and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile
+are its instructions'; read it with `pmi_jax.hlo.program_kernels`). First of all it checks
+cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
 `attention_check`); micro-benchmarks time one layer's attention, forward and backward, in each
 implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
-(`layer_norm_kernels`), and the feed-forward GELU in three formulas (`gelu_kernels`). Variants run in priority order while `--budget-s` lasts (default 540 s: the
-command fits 9 minutes of a 10-minute machine call); a variant is started only with its `min_s`
-left, those left out are recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after
-every variant.
+(`layer_norm_kernels`), and the feed-forward GELU in three formulas (`gelu_kernels`). Variants
+run in priority order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a
+10-minute machine call); a variant is started only with its `min_s` left, those left out are
+recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
 
 Needs JAX, Flax, optax and Orbax only: it runs where TensorFlow, seqio and tensorflow_text are
 not installed (the test runs it with them unimportable). Where TensorFlow is installed,
@@ -91,13 +93,13 @@ GPU_PLAN = (
     # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
     Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
     Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
+    Variant("base-512-paper-written", overrides=("model.attention=xla",)),  # the default before 2026-11-28
     Variant("large-512-attn0-unrolled", size="large", overrides=NO_ATTN_DROPOUT + UNROLLED, profile=True, min_s=150),
     Variant("large-512-paper-unrolled", size="large", overrides=UNROLLED, profile=True, min_s=150),
     Variant("large-512-paper", size="large", profile=True, min_s=40),
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT, min_s=40),
     KERNELS,
     NORMS,
-    Variant("base-512-paper-written", overrides=("model.attention=xla",)),  # the default before 2026-11-28
     Variant("base-128-paper-b128", seq_len=128, batch_per_device=128, profile=True, min_s=90),
     Variant("base-128-attn0-b128", seq_len=128, batch_per_device=128, overrides=NO_ATTN_DROPOUT, profile=True,
             min_s=90),

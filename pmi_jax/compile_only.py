@@ -179,7 +179,7 @@ class CompileReport:
                  + (f"(compiler / formula = {self.compiler_flops / self.formula_flops:.3f})" if not self.loop_note
                     else "(the compiler's count covers one pass of each loop body)"))
         if self.hlo_bytes is not None:
-            flops = (f"FLOPs per device per step: from the HLO's shapes (matmuls, cuDNN attention) "
+            flops = (f"FLOPs per device per step: from the HLO's shapes (matmuls, cuDNN and our Triton attention) "
                      f"{self.compiler_flops:.4g}, formula {self.formula_flops:.4g} "
                      f"(HLO / formula = {self.compiler_flops / self.formula_flops:.3f})")
         return [

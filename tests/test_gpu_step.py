@@ -19,8 +19,9 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
                           capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
-    assert [r["variant"] for r in results] == ["attention-check", "attention-kernels", "layer-norm-kernels",
-                                                  "gelu-kernels", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
+    assert [r["variant"] for r in results] == [
+        "attention-check", "attention-kernels", "layer-norm-kernels", "gelu-kernels", "tiny-64-paper",
+        "tiny-32-attn0-sorted-tanh"], proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
