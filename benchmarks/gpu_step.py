@@ -491,8 +491,7 @@ def gelu_kernels(platform: str | None, repeats: int = 20) -> dict:
     def erfc_form(x):
         return jax.nn.gelu(x.astype(jnp.float32), approximate=False).astype(x.dtype)
 
-    erfc_form.defvjp(lambda x: (erfc_form(x), x), lambda x, dy: (
-        (dy.astype(jnp.float32) * model._gelu_slope_f32("erf", x.astype(jnp.float32))).astype(x.dtype),))
+    erfc_form.defvjp(lambda x: (erfc_form(x), x), lambda x, dy: model._gelu_bwd("erf", x, dy))  # model._gelu's
     forms = {"erf (model._gelu)": lambda v: model._gelu("erf", v), "erfc (jax.nn.gelu's formula)": erfc_form,
              "tanh (model.gelu=tanh)": lambda v: model._gelu("tanh", v)}
     return {"variant": GELUS.name, "what": "one feed-forward GELU, forward + backward", "shape": list(shape),
@@ -568,16 +567,13 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
                 box["state"], out = compiled(box["state"], batch)
             jax.block_until_ready(out)
 
-        def run_step():
-            run_steps(1)
-
         start = time.perf_counter()
-        run_step()  # warm-up
+        run_steps(1)  # warm-up
         phases["warm_up"] = time.perf_counter() - start
         times, deadline = [], time.perf_counter() + timed_s
         while len(times) < steps and (len(times) < 3 or time.perf_counter() < deadline):
             t = time.perf_counter()
-            run_step()
+            run_steps(1)
             times.append(time.perf_counter() - t)
         # As the trainer runs steps: dispatched without waiting, so that the host prepares the next
         # step (about 600 state arrays) while the device runs this one; 3 windows of len(times) steps.

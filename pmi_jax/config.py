@@ -154,7 +154,7 @@ class ModelConfig:
         if self.attention == "cudnn" and self.dtype != "bfloat16":
             raise UserInputError(f"model.attention=cudnn needs model.dtype=bfloat16 (got {self.dtype!r}): "
                                  "cuDNN's fused attention takes 16-bit inputs only")
-        if self.attention in PALLAS_ATTENTION and (self.head_dim < 16 or self.head_dim & (self.head_dim - 1)):
+        if self.attention in PALLAS_ATTENTION and not self.head_dim_fits_pallas:
             raise UserInputError(f"model.attention={self.attention} needs a head dimension that is a power of two of "
                                  f"at least 16 (got {self.head_dim} = hidden_size / num_heads): Triton's blocks")
         if self.embedding_grad not in EMBEDDING_GRADS:
@@ -171,6 +171,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def head_dim_fits_pallas(self) -> bool:
+        """The Pallas attention's blocks need a head dimension that is a power of two of at least 16."""
+        return self.head_dim >= 16 and not self.head_dim & (self.head_dim - 1)
 
     @property
     def padded_vocab_size(self) -> int:

@@ -243,8 +243,8 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
         head_dim = math.prod(q) / math.prod(scores[:3])
         products = 5 if "backward" in inst.target.lower() else 2
         return products * 2.0 * math.prod(scores) * head_dim
-    ours = re.search(OUR_ATTENTION_KERNELS + r"(forward|dkv|dq)\b", inst.op_name)
-    if inst.opcode == "custom-call" and ours and len(inst.operands) > 2:
+    ours = inst.opcode == "custom-call" and re.search(OUR_ATTENTION_KERNELS + r"(forward|dkv|dq)\b", inst.op_name)
+    if ours and len(inst.operands) > 2:
         q = _dims(module.shape_of(computation, inst.operands[2]))  # (lengths, streams, q, k, v, ...)
         if len(q) == 4:
             batch, length, heads, head_dim = q

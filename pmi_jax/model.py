@@ -334,7 +334,7 @@ def pallas_attention_applies(config: ModelConfig, platform: str) -> bool:
     in the paper's setting took 36.4 ms instead of 53.6 on an H100 (benchmarks/README.md).
     """
     return (platform in ("gpu", "cuda") and config.attention_dropout_rate > 0.0 and config.dtype == "bfloat16"
-            and config.head_dim >= 16 and not config.head_dim & (config.head_dim - 1))
+            and config.head_dim_fits_pallas)
 
 
 def attention_implementation(config: ModelConfig) -> str:
