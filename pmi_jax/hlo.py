@@ -233,9 +233,9 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
                           [int(d) for d in dims.get("lhs_contracting_dimensions", [])])
     if inst.opcode == "custom-call" and _attention_target(inst.target):
         # The scores' shape [batch, heads, queries, keys] and the query's size give the head
-        # dimension, whatever the layout.
-        m = re.search(r'"intermediate_tensor_shape":\s*\{"element_type":\s*"\w+",\s*"dimensions":\s*\[([^\]]*)\]',
-                      inst.attributes)
+        # dimension, whatever the layout. JAX 0.11 writes the shape's fields in another order,
+        # its dimensions as strings.
+        m = re.search(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[([^\]]*)\]', inst.attributes)
         scores = _int_list(m.group(1)) if m else []
         q = _dims(module.shape_of(computation, inst.operands[0])) if inst.operands else []
         if len(scores) != 4 or not q:

@@ -102,6 +102,26 @@ ENTRY %main (l: s32[2], s: u32[2,3,2], q: bf16[2,128,3,16], k: bf16[2,128,3,16],
     assert found.category == "attention" and found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
 
 
+@pytest.mark.parametrize("shape_json", [
+    '{"element_type": "BF16", "dimensions": [2, 3, 128, 128], "layout": {"minor_to_major": [3, 2, 1, 0]}}',  # 0.12
+    '{"dimensions":["2","3","128","128"],"element_type":"BF16","layout":{"minor_to_major":["3","2","1","0"]}}',  # 0.11
+], ids=["jax-0.12", "jax-0.11"])
+@pytest.mark.parametrize("target, products", [("fmhaSoftmax", 2), ("fmhaSoftmaxBackward", 5)])
+def test_cudnn_attention_counts_its_products_in_either_jaxs_backend_config(shape_json, target, products):
+    """The scores' shape in the backend config gives B, H and L; the query's size the head dimension."""
+    text = f"""HloModule cudnn
+
+ENTRY %main (q: bf16[2,128,3,16], k: bf16[2,128,3,16], v: bf16[2,128,3,16]) -> bf16[2,3,128,16] {{
+  %q = bf16[2,128,3,16]{{3,2,1,0}} parameter(0)
+  %k = bf16[2,128,3,16]{{3,2,1,0}} parameter(1)
+  %v = bf16[2,128,3,16]{{3,2,1,0}} parameter(2)
+  ROOT %fmha.1 = bf16[2,3,128,16]{{3,1,2,0}} custom-call(%q, %k, %v), custom_call_target="__cudnn${target}", backend_config={{"cudnn_fmha_backend_config":{{"intermediate_tensor_shape":{shape_json}}}}}
+}}
+"""
+    (found,) = hlo.program_kernels(text)
+    assert found.category == "attention" and found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
+
+
 def test_batched_dot_flops_count_the_batch():
     q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
     kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
