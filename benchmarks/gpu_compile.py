@@ -36,6 +36,8 @@ VARIANTS = {  # gpu_step.py's names
     "base-512-attn0-fln": ("base", ("model.attention_dropout_rate=0", "model.residual_norm=pallas")),
     "base-512-paper-fln": ("base", ("model.residual_norm=pallas",)),
     "base-512-paper-written": ("base", ("model.attention=xla",)),
+    "base-512-attn0-separate-qkv": ("base", ("model.attention_dropout_rate=0", "model.fused_qkv=never")),
+    "base-512-paper-separate-qkv": ("base", ("model.fused_qkv=never",)),
     "large-512-paper": ("large", ()),
     "large-512-paper-unrolled": ("large", ("model.scan_layers=false", "model.remat=none")),
     "large-512-attn0-unrolled": ("large", ("model.attention_dropout_rate=0", "model.scan_layers=false",

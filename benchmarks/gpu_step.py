@@ -89,7 +89,12 @@ GPU_PLAN = (
     CHECK,
     GELUS,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
+    # The three projections apart, the GPU default before fused_qkv=auto (2026-11-28).
+    Variant("base-512-attn0-separate-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=never",)),
     Variant("base-512-paper", overrides=PAPER, profile=True),  # the Pallas attention (auto, since 2026-11-28)
+    Variant("base-512-paper-separate-qkv", overrides=("model.fused_qkv=never",)),
+    # Without CUDA graphs (XLA's command buffers, on by default; XLA turns them off while profiling).
+    Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=("--xla_gpu_enable_command_buffer=",)),
     # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
     Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
     Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
@@ -112,7 +117,6 @@ GPU_PLAN = (
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
     Variant("base-512-paper-b64", batch_per_device=64),
     Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",), min_s=40),
-    Variant("base-512-attn0-fused-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=true",)),
     # The hidden dropouts' masks as before the 16-bit ones (one threefry block per element).
     Variant("base-512-attn0-bernoulli", overrides=NO_ATTN_DROPOUT + ("model.dropout_mask=bernoulli",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
@@ -324,8 +328,9 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "bits16"}.get(device.platform, "bernoulli"))
 
     def written(q, kk, v, rate):  # the model's own written-out attention
-        drop = (lambda p: dropout.apply({}, p, deterministic=False, rngs={"dropout": rng})) if rate else (lambda p: p)
-        return written_attention(q, kk, v, valid_BxL, drop)
+        keep = (dropout.apply({}, (b, h, length, length), deterministic=False, rngs={"dropout": rng},
+                              method=Dropout.keep_mask) if rate else (None, 1.0))
+        return written_attention(q, kk, v, valid_BxL, *keep)
 
     def cudnn_dropout(q, kk, v):
         from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
@@ -417,7 +422,7 @@ def _same_mask_errors(q, kk, v, g, valid_BxL, streams, ours) -> dict:
     mask = fused_attention.keep_mask(streams, q.shape[1], 0.1)
 
     def written(q, kk, v):
-        return written_attention(q, kk, v, valid_BxL, lambda p: p * mask.astype(p.dtype) / 0.9)
+        return written_attention(q, kk, v, valid_BxL, mask, 0.9)
 
     return _errors_against_float32(written, {"ours": ours, "written bf16": written}, (q, kk, v), g,
                                    ("out", "dq", "dk", "dv"))
@@ -542,7 +547,7 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
               "attention": (settled.attention if settled.attention_dropout_rate == 0 or "pallas" in settled.attention
                             else "written out (dropout)"),
               "embedding_grad": settled.embedding_grad, "residual_norm": settled.residual_norm,
-              "jax": jax.__version__}
+              "fused_qkv": settled.fused_qkv, "jax": jax.__version__}
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)

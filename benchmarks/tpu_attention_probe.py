@@ -83,7 +83,7 @@ def attention_of(variant: str):
     if variant == "xla":
         return lambda q, k, v, n: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n, implementation="xla")
     if variant == "written":
-        return lambda q, k, v, n: written_attention(q, k, v, _lengths_mask(n), lambda p: p)
+        return lambda q, k, v, n: written_attention(q, k, v, _lengths_mask(n))
     if variant == "flash-declared":
         _declare_flash_backward_costs()
     if variant.startswith("flash"):

@@ -20,6 +20,11 @@ from pmi_jax.config import ExperimentConfig
 from pmi_jax.errors import UserInputError
 
 GiB = 1024 ** 3
+# Without a device XLA:GPU cannot autotune its matmuls and emits Triton GEMMs with default tiles,
+# which the device did not choose: the lent H100 ran cuBLAS for all of BERT-base's (its own HLO).
+# With cuBLAS only the program has the device's fusions (benchmarks/README.md, "Deviceless H100
+# programs as the device compiles them") and compiles in half a minute instead of minutes.
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 GPU_SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # --topology -> pmi_jax/gpu_specs/ file
 TOP_KERNELS = 15  # rows of the report's table of kernels by bytes
 
@@ -270,7 +275,8 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
         batch = {k: jax.ShapeDtypeStruct(shape, np.float32 if k == "weights" else np.int32, sharding=batch_sharding)
                  for k in batches.BATCH_KEYS}
         try:
-            compiled = program.step.lower(train.TrainState(**state), batch).compile()
+            compiled = program.step.lower(train.TrainState(**state), batch).compile(
+                compiler_options=GPU_COMPILER_OPTIONS if spec else None)
         except Exception as e:  # XLA's errors (resource exhausted, ...) as one line
             first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise UserInputError(f"--topology {topology_name}: the train step does not compile for {topology}: "

@@ -44,6 +44,7 @@ PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpre
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
 GELUS = ("erf", "tanh")
+FUSED_QKV = ("auto", "always", "never")
 RESIDUAL_NORMS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +110,11 @@ class ModelConfig:
     # cheaper on some accelerators, but an exported model then computes slightly differently).
     gelu: str = "erf"
     # Query, key and value as one matmul against the three kernels concatenated ([D, 3 x D]);
-    # the parameters stay three, so checkpoints and exports are unchanged. XLA does not merge the
-    # three projections by itself on CPU or TPU (checked in the compiled HLO; benchmarks/README.md).
-    fused_qkv: bool = False
+    # the parameters stay three, so checkpoints and exports are unchanged. "always", "never", or
+    # "auto": in GPU programs only, where XLA merges the three matmuls anyway but leaves their bias
+    # adds apart, which the fused matmul takes into cuBLAS's epilogue; a TPU program is estimated
+    # slower with it (benchmarks/README.md, "Deviceless H100 programs as the device compiles them").
+    fused_qkv: str = "auto"
     # Hidden-dropout masks where the XLA:CPU variant is off: "bernoulli" (`jax.random.bernoulli`,
     # one threefry block per element), "bits16" (16 bits per element, four elements per block;
     # keep probability round(0.9 x 2^16) / 2^16 for dropout 0.1: `pmi_jax.model._keep_mask16`),
@@ -131,6 +134,10 @@ class ModelConfig:
         if self.xla_cpu_variants not in XLA_CPU_VARIANTS:
             raise UserInputError(f"model.xla_cpu_variants={self.xla_cpu_variants!r}: expected one of "
                                  f"{', '.join(XLA_CPU_VARIANTS)}")
+        if isinstance(self.fused_qkv, bool):  # a bool in configs saved before "auto" existed
+            object.__setattr__(self, "fused_qkv", "always" if self.fused_qkv else "never")
+        if self.fused_qkv not in FUSED_QKV:
+            raise UserInputError(f"model.fused_qkv={self.fused_qkv!r}: expected one of {', '.join(FUSED_QKV)}")
         if self.hidden_size % self.num_heads:
             raise UserInputError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}")

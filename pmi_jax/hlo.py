@@ -169,7 +169,8 @@ def kernels(module: Module) -> list[tuple[str, Instruction]]:
 
 
 def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
-    """Bytes the kernel reads and writes once each: its operands and its result, by shape.
+    """Bytes the kernel reads and writes once each: its operands and its result, by shape (a cuBLAS
+    call's workspace, scratch it may not touch, left out).
 
     A fusion parameter used only by slices, dynamic slices or gathers (as their source, also
     through bitcasts) is counted for what those read: an embedding lookup reads its rows, not the
@@ -184,7 +185,10 @@ def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
         if readers and all(r.opcode in _READS_PART and r.operands[0] == via for r, via in readers):
             size = min(size, sum(array_bytes(r.shape) for r, _ in readers))
         read += size
-    return read + array_bytes(inst.shape)
+    return read + array_bytes(_WORKSPACE.sub(")", inst.shape) if _gemm_target(inst.target) else inst.shape)
+
+
+_WORKSPACE = re.compile(r",\s*s8\[\d+\](\{0\})?\)$")  # a cuBLAS call's scratch: the last array of its result
 
 
 def _readers(fused: tuple, name: str) -> list[tuple[Instruction, str]]:
@@ -267,6 +271,9 @@ def _attention_target(target: str) -> bool:
 
 OUR_ATTENTION_KERNELS = "attention_dropout_"  # in the names of pmi_jax.fused_attention's Triton calls
 OUR_ELEMENTWISE_KERNELS = "residual_layer_norm_"  # pmi_jax.fused_layer_norm's
+# The functions of the model's written-out attention, whose non-matmul kernels count as attention.
+WRITTEN_ATTENTION = {"SelfAttention.__call__", "written_attention", "_written_attention_fwd",
+                     "_written_attention_bwd", "_probabilities", "_dropped"}
 CATEGORIES = ("matmul", "attention", "scatter", "elementwise", "optimizer", "other")
 
 
@@ -308,7 +315,7 @@ def category(module: Module, inst: Instruction) -> str:
             _contains(module, c, lambda i: i.opcode in ("dot", "convolution") or _gemm_target(i.target), set())
             for c in inst.calls))):
         return "matmul"
-    if ((functions & {"SelfAttention.__call__", "written_attention"} and "HeadsProjection.__call__" not in functions)
+    if ((functions & WRITTEN_ATTENTION and "HeadsProjection.__call__" not in functions)
             or re.search(r"/attention(/Dropout_\d+)?$", model_op(inst.op_name)[1])):
         return "attention"
     return "elementwise" if inst.opcode == "fusion" else "other"
@@ -334,8 +341,9 @@ def model_op(op_name: str) -> tuple[str, str]:
     for part in op_name.split("/")[:-1]:  # the last part is the primitive
         if part.startswith(("jit(", "jvp(", "transpose(", "vmap(", "remat", "checkpoint", "pjit(")) or "<" in part:
             continue
-        if not parts or parts[-1] != part:  # flax repeats a layer's name: layer_3/layer_3
-            parts.append(part)
+        if parts and (part == parts[-1] or part.startswith(parts[-1] + ".")):
+            continue  # flax repeats a layer's name (layer_3/layer_3) and names a method's scope Dropout_0.keep_mask
+        parts.append(part)
     return direction, "/".join(parts)
 
 

@@ -190,20 +190,29 @@ class Dropout(nn.Dropout):
     @nn.compact
     def __call__(self, inputs, deterministic: bool | None = None, rng=None):
         deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
-        if self.rate == 0.0 or deterministic:
-            return inputs
-        if self.rate == 1.0:
+        if self.rate == 1.0 and not deterministic:
             return jnp.zeros_like(inputs)
+        keep, keep_prob = self.keep_mask(inputs.shape, deterministic, rng)
+        if keep is None:
+            return inputs
+        return inputs * keep.astype(inputs.dtype) / jnp.asarray(keep_prob, inputs.dtype)
+
+    def keep_mask(self, shape, deterministic: bool | None = None, rng=None) -> tuple[jax.Array | None, float]:
+        """(the bool mask of the kept entries, the realised keep probability), or (None, 1.0) where
+        nothing is dropped: what `__call__` applies, for `written_attention`, which applies it itself."""
+        deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+        if self.rate == 0.0 or deterministic:
+            return None, 1.0
+        if self.rate == 1.0:
+            return jnp.zeros(shape, bool), 1.0
         keep_prob = 1.0 - self.rate
         if rng is None:
             rng = self.make_rng(self.rng_collection)
         if self.mask == "cpu":
-            keep = _keep_mask(rng, keep_prob, inputs.shape)
-        elif self.mask == "bits16":
-            keep, keep_prob = _keep_mask16(rng, keep_prob, inputs.shape)
-        else:
-            keep = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
-        return inputs * keep.astype(inputs.dtype) / jnp.asarray(keep_prob, inputs.dtype)
+            return _keep_mask(rng, keep_prob, shape), keep_prob
+        if self.mask == "bits16":
+            return _keep_mask16(rng, keep_prob, shape)
+        return jax.random.bernoulli(rng, p=keep_prob, shape=shape), keep_prob
 
 
 @jax.custom_vjp
@@ -277,6 +286,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     - `attention="pallas"`: the kernel compiled by Triton on GPUs, `tpu_attention`'s (Mosaic) on
       TPUs, the GPU kernel run by Pallas' interpreter on CPUs; refused elsewhere.
     - `residual_norm="pallas"`: Triton on GPUs, the interpreter on CPUs; refused elsewhere.
+    - `fused_qkv="auto"`: one query-key-value matmul on GPUs, whose bias add cuBLAS takes into
+      the matmul (3.0 GiB and 180 kernel launches less in BERT-base's H100 step); three elsewhere.
     Explicit choices are kept.
     """
     changes = {}
@@ -299,6 +310,8 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
     if config.dropout_mask == "auto":
         changes["dropout_mask"] = "bits16" if platform in ("gpu", "cuda") else "bernoulli"
+    if config.fused_qkv == "auto":
+        changes["fused_qkv"] = "always" if platform in ("gpu", "cuda") else "never"
     return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -455,18 +468,76 @@ class HeadsProjection(nn.Module):
         return y.reshape(*y.shape[:-1], h, k) if self.to_heads else y
 
 
-def written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, dropout) -> jax.Array:
-    """Attention with its scores, softmax and `dropout` (a function of the probabilities) written
-    out: the path of attention dropout > 0, which XLA compiles on every platform. A function of its
-    own so that benchmarks/gpu_step.py times exactly this beside the fused kernels."""
-    dtype = q_BxLxHxK.dtype
-    q_BxLxHxK = q_BxLxHxK * jnp.asarray(q_BxLxHxK.shape[-1] ** -0.5, dtype)
-    scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
+def written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, keep_BxHxLxL=None,
+                      keep_prob: float = 1.0) -> jax.Array:
+    """Attention with its scores, softmax and dropout written out as XLA operations: the path of
+    attention dropout > 0 on TPUs and CPUs. `keep_BxHxLxL` (bool, or None: no dropout) keeps the
+    probabilities where it is true, divided by `keep_prob`. The backward pass is FlashAttention's,
+    written as XLA operations (`_written_attention_bwd`). A function of its own so that
+    benchmarks/gpu_step.py times exactly this beside the fused kernels."""
+    q_BxLxHxK = q_BxLxHxK * jnp.asarray(q_BxLxHxK.shape[-1] ** -0.5, q_BxLxHxK.dtype)
     # Padding keys get a large negative additive bias, as in BERT: an add (unlike a select on
     # the [B, H, L, L] scores) fuses into the scores matmul and the softmax.
     bias_Bx1x1xL = jnp.where(input_mask_BxL[:, None, None, :].astype(bool), 0.0, jnp.finfo(jnp.float32).min)
-    probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL + bias_Bx1x1xL, axis=-1).astype(dtype)
-    return jnp.einsum("bhqs,bshk->bqhk", dropout(probs_BxHxLxL), v_BxLxHxK)
+    return _written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, keep_prob)
+
+
+def _probabilities(q_BxLxHxK, k_BxLxHxK, bias_Bx1x1xL, rows=None):
+    """(softmax(q k^T + bias) in float32, each row's (max, sum)): `jax.nn.softmax`'s operations, so
+    the same values; with `rows` given, the probabilities from those instead of new reductions."""
+    scores_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) + bias_Bx1x1xL
+    if rows is None:
+        max_BxHxLx1 = jnp.max(scores_BxHxLxL, axis=-1, keepdims=True)
+        exp_BxHxLxL = jnp.exp(scores_BxHxLxL - max_BxHxLx1)
+        rows = (max_BxHxLx1, jnp.sum(exp_BxHxLxL, axis=-1, keepdims=True))
+    else:
+        exp_BxHxLxL = jnp.exp(scores_BxHxLxL - rows[0])
+    return exp_BxHxLxL / rows[1], rows
+
+
+def _dropped(probs_BxHxLxL, keep_BxHxLxL, keep_prob: float, dtype):
+    probs_BxHxLxL = probs_BxHxLxL.astype(dtype)
+    if keep_BxHxLxL is None:
+        return probs_BxHxLxL
+    return probs_BxHxLxL * keep_BxHxLxL.astype(dtype) / jnp.asarray(keep_prob, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, keep_prob):
+    return _written_attention_fwd(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, keep_prob)[0]
+
+
+def _written_attention_fwd(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, keep_prob):
+    probs_BxHxLxL, rows = _probabilities(q_BxLxHxK, k_BxLxHxK, bias_Bx1x1xL)
+    dropped_BxHxLxL = _dropped(probs_BxHxLxL, keep_BxHxLxL, keep_prob, q_BxLxHxK.dtype)
+    out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", dropped_BxHxLxL, v_BxLxHxK)
+    return out_BxLxHxK, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, rows, out_BxLxHxK)
+
+
+def _written_attention_bwd(keep_prob, residuals, g_out_BxLxHxK):
+    """Keeps nothing [B, H, L, L] from the forward pass: the probabilities are recomputed from q, k
+    and each row's max and sum, and the softmax's row term sum_j dP_ij P_ij is taken as
+    sum_k dO_ik O_ik (equal, dropout or not), a [B, L, H, K] product instead of a pass over the
+    [B, H, L, L] gradients. XLA then fuses the recomputation into the gradients' products: BERT-base's
+    attention on one v5p chip is estimated 1.65 ms forward and backward against autodiff's 2.46
+    (benchmarks/README.md). Values: autodiff's up to rounding (the row term from the rounded output)."""
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, keep_BxHxLxL, rows, out_BxLxHxK = residuals
+    dtype = q_BxLxHxK.dtype
+    g_out_BxLxHxK = g_out_BxLxHxK.astype(dtype)
+    probs_BxHxLxL, _ = _probabilities(q_BxLxHxK, k_BxLxHxK, bias_Bx1x1xL, rows)
+    g_v = jnp.einsum("bhqs,bqhk->bshk", _dropped(probs_BxHxLxL, keep_BxHxLxL, keep_prob, dtype), g_out_BxLxHxK)
+    g_probs_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", g_out_BxLxHxK, v_BxLxHxK).astype(jnp.float32)
+    if keep_BxHxLxL is not None:
+        g_probs_BxHxLxL = g_probs_BxHxLxL * keep_BxHxLxL.astype(jnp.float32) / keep_prob
+    row_BxHxLx1 = jnp.einsum("bqhk,bqhk->bhq", g_out_BxLxHxK.astype(jnp.float32),
+                             out_BxLxHxK.astype(jnp.float32))[..., None]
+    g_scores_BxHxLxL = (probs_BxHxLxL * (g_probs_BxHxLxL - row_BxHxLx1)).astype(dtype)
+    g_q = jnp.einsum("bhqs,bshk->bqhk", g_scores_BxHxLxL, k_BxLxHxK)
+    g_k = jnp.einsum("bhqs,bqhk->bshk", g_scores_BxHxLxL, q_BxLxHxK)
+    return g_q, g_k, g_v, None, None
+
+
+_written_attention.defvjp(_written_attention_fwd, _written_attention_bwd)
 
 
 class SelfAttention(nn.Module):
@@ -493,7 +564,7 @@ class SelfAttention(nn.Module):
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
         dtype = _dtype(c)
-        if c.fused_qkv:
+        if _settled(c).fused_qkv == "always":
             # One [D, 3 H K] matmul on the three kernels concatenated (the parameters stay three).
             weights = [HeadsProjection(c, to_heads=True, name=n)(None) for n in ("query", "key", "value")]
             x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
@@ -518,9 +589,10 @@ class SelfAttention(nn.Module):
                                                        key_value_seq_lengths=lengths_B,
                                                        implementation=attention_implementation(c))
         else:
-            dropout = _dropout(c, c.attention_dropout_rate, attention=True)
-            out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL,
-                                            lambda p: dropout(p, deterministic=deterministic))
+            batch, length, heads, _ = q_BxLxHxK.shape
+            keep_BxHxLxL, keep_prob = _dropout(c, c.attention_dropout_rate, attention=True).keep_mask(
+                (batch, heads, length, length), deterministic=deterministic)
+            out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, keep_BxHxLxL, keep_prob)
         out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
         if not _fused_residual_norm(c):
             return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)

@@ -122,6 +122,22 @@ ENTRY %main (q: bf16[2,128,3,16], k: bf16[2,128,3,16], v: bf16[2,128,3,16]) -> b
     assert found.category == "attention" and found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
 
 
+def test_a_cublas_call_moves_its_operands_and_output_not_its_workspace():
+    """As the device's own HLO writes a GEMM: the output and a 4 MiB s8 scratch workspace in one tuple."""
+    text = """HloModule gemm
+
+ENTRY %main (x: bf16[512,256], w: bf16[256,128]) -> bf16[512,128] {
+  %x = bf16[512,256]{1,0} parameter(0)
+  %w = bf16[256,128]{1,0} parameter(1)
+  %gemm.1 = (bf16[512,128]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = bf16[512,128]{1,0} get-tuple-element(%gemm.1), index=0
+}
+"""
+    (found,) = hlo.program_kernels(text)
+    assert found.category == "matmul" and found.bytes == 2 * (512 * 256 + 256 * 128 + 512 * 128)
+    assert found.flops == 2 * 512 * 256 * 128
+
+
 def test_batched_dot_flops_count_the_batch():
     q, k = jnp.ones((4, 8, 32, 16)), jnp.ones((4, 8, 48, 16))
     kernels = _kernels(lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), q, k)
@@ -158,6 +174,8 @@ def test_kernels_are_named_by_module_and_direction():
      ("forward", "encoder/layer_3/feed_forward/intermediate")),
     ("jit(train_step)/transpose(jvp(BertForMaskedLM))/encoder/layer_11/layer_11/attention/Dropout_0/mul",
      ("backward", "encoder/layer_11/attention/Dropout_0")),
+    ("jit(train_step)/jvp(BertForMaskedLM)/encoder/layer_2/layer_2/attention/Dropout_0/Dropout_0.keep_mask/lt",
+     ("forward", "encoder/layer_2/attention/Dropout_0")),  # a method's own scope, under its module
     ("jit(train_step)/add", ("", "")),
 ])
 def test_op_names_become_direction_and_module_path(op_name, expected):

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pmi_jax.config import model_config_from_dict
 from pmi_jax.errors import UserInputError
 from pmi_jax.model import (BertEmbeddings, BertForMaskedLM, ModelConfig, attention_implementation,
-                           cudnn_attention_applies, for_platform, pallas_attention_applies)
+                           cudnn_attention_applies, for_platform, pallas_attention_applies, written_attention)
 
 CONFIG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                      max_position_embeddings=40, attention_dropout_rate=0.0, dtype="bfloat16", vocab_multiple=1)
@@ -185,12 +186,55 @@ def _exact_word_gradient(module, params, ids, types, g_BxLxD):
     return exact
 
 
+def _autodiff_attention(q, k, v, valid_BxL, keep, keep_prob):
+    """The written-out attention as it was before its own backward pass: the formula, differentiated by JAX."""
+    dtype = q.dtype
+    q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
+    scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+    bias = jnp.where(valid_BxL[:, None, None, :].astype(bool), 0.0, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores + bias, axis=-1).astype(dtype)
+    if keep is not None:
+        probs = probs * keep.astype(dtype) / jnp.asarray(keep_prob, dtype)
+    return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_the_written_out_attention_has_autodiffs_values_and_gradients(rate):
+    """Its backward recomputes the probabilities and takes the softmax's row term from the output:
+    float32, autodiff's gradients to float32 rounding (same forward values exactly); bf16, within
+    twice autodiff's own bf16 error against float32 plus 0.5% of the largest gradient. A sequence
+    with no real token (length 0) included: its rows stay finite and agree too."""
+    batch, length, heads, head_dim = 4, 24, 2, 16
+    keys = jax.random.split(jax.random.key(3), 5)
+    q, k, v, g = (jax.random.normal(key, (batch, length, heads, head_dim), jnp.float32) for key in keys[:4])
+    valid_BxL = (jnp.arange(length)[None, :] < jnp.array([24, 13, 5, 0])[:, None]).astype(jnp.int32)
+    keep = (jax.random.bernoulli(keys[4], 1 - rate, (batch, heads, length, length)), 1 - rate) if rate else (None, 1.0)
+
+    def run(fn, dtype):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, valid_BxL, *keep), *(x.astype(dtype) for x in (q, k, v)))
+        return [np.asarray(x, np.float32) for x in (out, *vjp(g.astype(dtype)))]
+
+    ours, autodiff = run(written_attention, jnp.float32), run(_autodiff_attention, jnp.float32)
+    np.testing.assert_array_equal(ours[0], autodiff[0])
+    for a, r in zip(ours[1:], autodiff[1:]):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * np.abs(r).max())
+    bf16_q, bf16_k, bf16_v = (x.astype(jnp.bfloat16).astype(jnp.float32) for x in (q, k, v))
+    _, exact_vjp = jax.vjp(lambda q, k, v: _autodiff_attention(q, k, v, valid_BxL, *keep), bf16_q, bf16_k, bf16_v)
+    exact = exact_vjp(g.astype(jnp.bfloat16).astype(jnp.float32))
+    ours, autodiff = run(written_attention, jnp.bfloat16), run(_autodiff_attention, jnp.bfloat16)
+    np.testing.assert_array_equal(ours[0], autodiff[0])
+    for a, r, e in zip(ours[1:], autodiff[1:], exact):
+        e = np.asarray(e)
+        assert np.abs(a - e).max() <= 2 * np.abs(r - e).max() + 0.005 * np.abs(e).max()
+
+
 def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
-    config = dataclasses.replace(CONFIG, dtype="float32", dropout_rate=0.0, attention="xla")
+    config = dataclasses.replace(CONFIG, dtype="float32", dropout_rate=0.0, attention="xla", fused_qkv="never")
     ids, mask = _inputs()
     model = BertForMaskedLM(config)
     params = nn.unbox(model.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
-    fused = BertForMaskedLM(dataclasses.replace(config, fused_qkv=True))
+    fused = BertForMaskedLM(dataclasses.replace(config, fused_qkv="always"))
     fused_params = nn.unbox(fused.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
     assert jax.tree.structure(fused_params) == jax.tree.structure(params)  # same tree, same checkpoints
 
@@ -201,6 +245,19 @@ def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
                                model.apply({"params": params}, ids, mask, deterministic=True), rtol=1e-5, atol=1e-5)
     jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-6),
                  jax.grad(loss)(params, fused), jax.grad(loss)(params, model))
+
+
+def test_fused_qkv_is_settled_on_for_gpus_only_and_old_configs_keep_their_choice():
+    assert [for_platform(CONFIG, p).fused_qkv for p in ("gpu", "cuda", "tpu", "cpu")] == ["always", "always",
+                                                                                         "never", "never"]
+    for explicit in ("always", "never"):
+        assert for_platform(dataclasses.replace(CONFIG, fused_qkv=explicit), "gpu").fused_qkv == explicit
+        assert for_platform(dataclasses.replace(CONFIG, fused_qkv=explicit), "tpu").fused_qkv == explicit
+    saved = dataclasses.asdict(CONFIG)
+    assert model_config_from_dict({**saved, "fused_qkv": True}).fused_qkv == "always"  # run dirs before "auto"
+    assert model_config_from_dict({**saved, "fused_qkv": False}).fused_qkv == "never"
+    with pytest.raises(UserInputError, match="model.fused_qkv='true': expected one of auto, always, never"):
+        dataclasses.replace(CONFIG, fused_qkv="true")
 
 
 @pytest.mark.parametrize("platform, expected", [("gpu", "pallas-triton"), ("cuda", "pallas-triton"),
