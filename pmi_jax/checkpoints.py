@@ -229,6 +229,10 @@ def _vocab_source(metadata: CheckpointMetadata) -> str:
     return f"vocab.txt of {metadata.data_dir}"
 
 
+def _flag_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | None, data_dir: str) -> ResumePlan:
     """Check, before anything is compiled or created, that `workdir` holds this model trained on
     this vocabulary (`vocab_sha256` of `data_dir`'s vocab.txt, None for synthetic data).
@@ -249,12 +253,13 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
             unreadable.append(Unreadable(step, f"metadata: {_reason(e)}"))
             continue
         if saved_model != model_config:
-            differences = ", ".join(
-                f"{k}: {getattr(saved_model, k)!r} in the checkpoint vs {getattr(model_config, k)!r} now"
-                for k in saved_model.__dataclass_fields__ if getattr(saved_model, k) != getattr(model_config, k))
+            fields = [k for k in saved_model.__dataclass_fields__ if getattr(saved_model, k) != getattr(model_config, k)]
+            differences = ", ".join(f"{k}: {getattr(saved_model, k)!r} in the checkpoint vs "
+                                    f"{getattr(model_config, k)!r} now" for k in fields)
+            flags = " ".join(f"--set model.{k}={_flag_value(getattr(saved_model, k))}" for k in fields)
             raise UserInputError(
                 f"--workdir {workdir} holds a checkpoint (step {step}) of a different model ({differences}); "
-                "use a new workdir")
+                f"to resume it: {flags}; else use a new workdir")
         if saved.vocab_sha256 != vocab_sha256:
             now = f"vocab.txt of {data_dir}" if vocab_sha256 else "the synthetic corpus (no vocab.txt)"
             raise UserInputError(

@@ -134,8 +134,8 @@ class ModelConfig:
         if self.xla_cpu_variants not in XLA_CPU_VARIANTS:
             raise UserInputError(f"model.xla_cpu_variants={self.xla_cpu_variants!r}: expected one of "
                                  f"{', '.join(XLA_CPU_VARIANTS)}")
-        if isinstance(self.fused_qkv, bool):  # a bool in configs saved before "auto" existed
-            object.__setattr__(self, "fused_qkv", "always" if self.fused_qkv else "never")
+        if isinstance(self.fused_qkv, bool):  # saved before "auto" existed, whose default false auto replaces
+            object.__setattr__(self, "fused_qkv", "always" if self.fused_qkv else "auto")
         if self.fused_qkv not in FUSED_QKV:
             raise UserInputError(f"model.fused_qkv={self.fused_qkv!r}: expected one of {', '.join(FUSED_QKV)}")
         if self.hidden_size % self.num_heads:

@@ -199,7 +199,8 @@ def test_plan_refuses_another_model_naming_the_fields(saved_run):
         checkpoints.plan_resume(saved_run, wider, VOCAB_SHA256, DATA_DIR)
     assert str(error.value) == (f"--workdir {saved_run} holds a checkpoint (step 6) of a different model "
                                 "(hidden_size: 16 in the checkpoint vs 32 now, intermediate_size: 32 in the checkpoint "
-                                "vs 64 now); use a new workdir")
+                                "vs 64 now); to resume it: --set model.hidden_size=16 --set model.intermediate_size=32; "
+                                "else use a new workdir")
 
 
 def test_plan_sets_unreadable_metadata_apart(run_copy):

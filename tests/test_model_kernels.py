@@ -247,15 +247,17 @@ def test_fused_qkv_computes_the_three_projections_with_the_same_parameters():
                  jax.grad(loss)(params, fused), jax.grad(loss)(params, model))
 
 
-def test_fused_qkv_is_settled_on_for_gpus_only_and_old_configs_keep_their_choice():
+def test_fused_qkv_is_settled_on_for_gpus_only_and_old_configs_resume():
     assert [for_platform(CONFIG, p).fused_qkv for p in ("gpu", "cuda", "tpu", "cpu")] == ["always", "always",
                                                                                          "never", "never"]
     for explicit in ("always", "never"):
         assert for_platform(dataclasses.replace(CONFIG, fused_qkv=explicit), "gpu").fused_qkv == explicit
         assert for_platform(dataclasses.replace(CONFIG, fused_qkv=explicit), "tpu").fused_qkv == explicit
     saved = dataclasses.asdict(CONFIG)
-    assert model_config_from_dict({**saved, "fused_qkv": True}).fused_qkv == "always"  # run dirs before "auto"
-    assert model_config_from_dict({**saved, "fused_qkv": False}).fused_qkv == "never"
+    # Run directories from before "auto": true stays fused; false, the old default, resumes under auto's
+    # default (the same program on TPUs and CPUs, the fused matmul on GPUs).
+    assert model_config_from_dict({**saved, "fused_qkv": True}).fused_qkv == "always"
+    assert model_config_from_dict({**saved, "fused_qkv": False}) == CONFIG
     with pytest.raises(UserInputError, match="model.fused_qkv='true': expected one of auto, always, never"):
         dataclasses.replace(CONFIG, fused_qkv="true")
 
