@@ -229,10 +229,6 @@ def _vocab_source(metadata: CheckpointMetadata) -> str:
     return f"vocab.txt of {metadata.data_dir}"
 
 
-def _flag_value(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | None, data_dir: str) -> ResumePlan:
     """Check, before anything is compiled or created, that `workdir` holds this model trained on
     this vocabulary (`vocab_sha256` of `data_dir`'s vocab.txt, None for synthetic data).
@@ -256,7 +252,7 @@ def plan_resume(workdir: str, model_config: ModelConfig, vocab_sha256: str | Non
             fields = [k for k in saved_model.__dataclass_fields__ if getattr(saved_model, k) != getattr(model_config, k)]
             differences = ", ".join(f"{k}: {getattr(saved_model, k)!r} in the checkpoint vs "
                                     f"{getattr(model_config, k)!r} now" for k in fields)
-            flags = " ".join(f"--set model.{k}={_flag_value(getattr(saved_model, k))}" for k in fields)
+            flags = " ".join(f"--set model.{k}={getattr(saved_model, k)}" for k in fields)
             raise UserInputError(
                 f"--workdir {workdir} holds a checkpoint (step {step}) of a different model ({differences}); "
                 f"to resume it: {flags}; else use a new workdir")
