@@ -19,8 +19,9 @@ trace of 3 steps dispatched back to back, with the device's idle time between ke
 kernel attributed through the compiled HLO (`pmi_jax.hlo`: category, model operation, bytes),
 and that HLO itself, gzipped, in OUTPUT/hlo/VARIANT.hlo.txt.gz (the kernel names of a profile
 are its instructions'; read it with `pmi_jax.hlo.program_kernels`). First of all it checks
-cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients;
-`attention_check`); micro-benchmarks time one layer's attention, forward and backward, in each
+cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients), and our kernel
+on the stacked Q/K/V against the same on three inputs, bytes and times (`attention_check`);
+micro-benchmarks time one layer's attention, forward and backward, in each
 implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
 (`layer_norm_kernels`), and the feed-forward GELU in three formulas (`gelu_kernels`). Variants
 run in priority order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a
@@ -78,7 +79,7 @@ NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
 UNROLLED = ("model.scan_layers=false", "model.remat=none")  # large's config scans and rematerialises
 
-CHECK = Variant("attention-check", min_s=15)  # cuDNN's attention against XLA's, values and gradients
+CHECK = Variant("attention-check", min_s=30)  # cuDNN's attention against XLA's; ours stacked against 3 inputs
 KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forward and backward, per implementation
 NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forward and backward: XLA's and ours
 GELUS = Variant("gelu-kernels", min_s=25)  # the feed-forward GELU, forward and backward: erf, erfc, tanh
@@ -290,7 +291,54 @@ def attention_check(platform: str | None) -> dict:
         errors[name] = float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), 1e-30))
     return {"variant": "attention-check", "compared": "cudnn vs xla" if on_gpu else "xla lengths vs xla mask",
             "shape": [b, length, h, k], "max_error_relative_to_max": errors,
-            "agree_within_bf16": all(e < 2e-2 for e in errors.values())}
+            "agree_within_bf16": all(e < 2e-2 for e in errors.values()),
+            "stacked": _stacked_check(on_gpu)}
+
+
+def _stacked_check(on_gpu: bool, repeats: int = 20) -> dict:
+    """Our kernel on the stacked [B, L, 3, H, K] input (what `fused_qkv` feeds it; [32, 512, 3, 12,
+    64] bf16 on a GPU, as `attention-kernels`, padded tails) against the same kernel on q, k and v
+    sliced out of it: identical bytes expected (the same arithmetic, other addresses). Timed on
+    the stack, forward + backward, slices and the gradients' concatenation included where a form
+    takes three inputs, as in the model: ours both ways, ours without dropout, and cuDNN's (GPU),
+    which attention dropout 0 takes with the slices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pmi_jax import fused_attention
+
+    b, length, h, k = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
+    qkv_BxLx3xHxK = jax.random.normal(jax.random.key(0), (b, length, 3, h, k), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32).astype(jnp.bfloat16)
+    lengths_B = jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
+    streams = fused_attention.dropout_streams(jax.random.key(2), b, h)
+    interpret = not on_gpu
+
+    def sliced(x):
+        return tuple(x[:, :, i] for i in range(3))
+
+    forms = {
+        "ours stacked, dropout 0.1": lambda x: fused_attention.attention_stacked(
+            x, lengths_B, streams, rate=0.1, interpret=interpret),
+        "ours on slices, dropout 0.1": lambda x: fused_attention.attention(
+            *sliced(x), lengths_B, streams, rate=0.1, interpret=interpret),
+        "ours stacked, no dropout": lambda x: fused_attention.attention_stacked(x, lengths_B, interpret=interpret),
+    }
+    if on_gpu:
+        forms["cudnn on slices, no dropout"] = lambda x: jax.nn.dot_product_attention(
+            *sliced(x), key_value_seq_lengths=lengths_B, implementation="cudnn")
+    try:
+        results = []
+        for name in ("ours stacked, dropout 0.1", "ours on slices, dropout 0.1"):
+            out, vjp = jax.vjp(jax.jit(forms[name]), qkv_BxLx3xHxK)
+            results.append([np.asarray(x, np.float32) for x in (out, vjp(g)[0])])
+        differences = [float(np.abs(x - y).max()) for x, y in zip(*results)]
+        return {"max_abs_difference": dict(zip(("out", "dqkv"), differences)),
+                "identical": all(d == 0.0 for d in differences),
+                "forms": _time_forms(forms, (qkv_BxLx3xHxK,), g, repeats if on_gpu else 1)}
+    except Exception as e:  # noqa: BLE001 - the cuDNN check stands without it
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
 
 
 def attention_kernels(platform: str | None, repeats: int = 20) -> dict:

@@ -174,12 +174,19 @@ def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
 
     A fusion parameter used only by slices, dynamic slices or gathers (as their source, also
     through bitcasts) is counted for what those read: an embedding lookup reads its rows, not the
-    table; a bias add on one third of a merged Q/K/V matmul's output reads that third.
+    table; a bias add on one third of a merged Q/K/V matmul's output reads that third. A buffer
+    passed several times is read once (the attention kernel takes the stacked q, k, v as each
+    of the three); one a Pallas kernel's result aliases is counted as the result, which it
+    updates in place (a cuBLAS call's aliased operand is its beta term, read).
     """
     fused = module.computations.get(inst.calls[0], ()) if inst.opcode == "fusion" and inst.calls else ()
     params = {i.parameter: i.name for i in fused if i.opcode == "parameter"}
-    read = 0
+    aliased = {int(n) for n in _ALIASED.findall(inst.attributes)} if inst.target == _TRITON else set()
+    read, seen = 0, set()
     for n, operand in enumerate(inst.operands):
+        if operand in seen or n in aliased:
+            continue
+        seen.add(operand)
         size = array_bytes(module.shape_of(computation, operand))
         readers = _readers(fused, params[n]) if n in params else []
         if readers and all(r.opcode in _READS_PART and r.operands[0] == via for r, via in readers):
@@ -188,6 +195,8 @@ def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
     return read + array_bytes(_WORKSPACE.sub(")", inst.shape) if _gemm_target(inst.target) else inst.shape)
 
 
+_TRITON = "__gpu$xla.gpu.triton"  # the custom call of a Pallas (Triton) kernel
+_ALIASED = re.compile(r"\{[\d,\s]*\}:\s*\((\d+),")  # output_to_operand_aliasing={{}: (8, {})}: operand 8
 _WORKSPACE = re.compile(r",\s*s8\[\d+\](\{0\})?\)$")  # a cuBLAS call's scratch: the last array of its result
 
 
@@ -250,8 +259,8 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
     ours = inst.opcode == "custom-call" and re.search(OUR_ATTENTION_KERNELS + r"(forward|dkv|dq)\b", inst.op_name)
     if ours and len(inst.operands) > 2:
         q = _dims(module.shape_of(computation, inst.operands[2]))  # (lengths, streams, q, k, v, ...)
-        if len(q) == 4:
-            batch, length, heads, head_dim = q
+        if len(q) in (4, 5):  # [B, L, H, K], or q, k and v stacked: [B, L, 3, H, K]
+            batch, length, heads, head_dim = q[0], q[1], q[-2], q[-1]
             return {"forward": 2, "dkv": 4, "dq": 3}[ours.group(1)] * 2.0 * batch * heads * length ** 2 * head_dim
     return sum(instruction_flops(module, called, i) for called in inst.calls
                for i in module.computations.get(called, ()))

@@ -30,6 +30,8 @@ __all__ = ["ModelConfig", "BertEmbeddings", "SelfAttention", "FeedForward", "Ber
 
 SCANNED_LAYERS = "layers"  # encoder/<this>: the stacked parameters of scanned layers
 _QKV = ("batch", "length", "heads", "kv")  # the logical axes of queries, keys and values
+_QKV_STACKED = ("batch", "length", None, "heads", "kv")  # ... stacked on axis 2 (`fused_qkv`)
+STACKED_ATTENTION = ("pallas-triton", "pallas-interpret")  # the kernels that read the stack in place
 _LAYER = re.compile(r"layer_(\d+)")
 
 
@@ -563,56 +565,61 @@ class SelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
         c = self.config
-        dtype = _dtype(c)
-        if _settled(c).fused_qkv == "always":
-            # One [D, 3 H K] matmul on the three kernels concatenated (the parameters stay three).
-            weights = [HeadsProjection(c, to_heads=True, name=n)(None) for n in ("query", "key", "value")]
-            x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
-                x_BxLxD, jnp.concatenate([w for w, _ in weights], axis=1),
-                jnp.concatenate([b for _, b in weights]), dtype=dtype)
-            qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], 3, c.num_heads,
-                                                                        c.head_dim)
-            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[..., i, :, :] for i in range(3))
-        else:
-            q_BxLxHxK = HeadsProjection(c, to_heads=True, name="query")(x_BxLxD)
-            k_BxLxHxK = HeadsProjection(c, to_heads=True, name="key")(x_BxLxD)
-            v_BxLxHxK = HeadsProjection(c, to_heads=True, name="value")(x_BxLxD)
-        q_BxLxHxK = nn.with_logical_constraint(q_BxLxHxK, ("batch", "length", "heads", "kv"))
-        k_BxLxHxK = nn.with_logical_constraint(k_BxLxHxK, ("batch", "length", "heads", "kv"))
-        v_BxLxHxK = nn.with_logical_constraint(v_BxLxHxK, ("batch", "length", "heads", "kv"))
-
+        stacked = c.attention in PALLAS_ATTENTION and _settled(c).attention in STACKED_ATTENTION
+        inputs = self._queries_keys_values(x_BxLxD, stacked)
         if c.attention in PALLAS_ATTENTION:
-            out_BxLxHxK = self._pallas(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, deterministic)
+            out_BxLxHxK = self._pallas(inputs, input_mask_BxL, deterministic)
         elif c.attention_dropout_rate == 0.0:
             lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
-            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                                                       key_value_seq_lengths=lengths_B,
+            out_BxLxHxK = jax.nn.dot_product_attention(*inputs, key_value_seq_lengths=lengths_B,
                                                        implementation=attention_implementation(c))
         else:
+            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = inputs
             batch, length, heads, _ = q_BxLxHxK.shape
             keep_BxHxLxL, keep_prob = _dropout(c, c.attention_dropout_rate, attention=True).keep_mask(
                 (batch, heads, length, length), deterministic=deterministic)
             out_BxLxHxK = written_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, keep_BxHxLxL, keep_prob)
-        out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, ("batch", "length", "heads", "kv"))
+        out_BxLxHxK = nn.with_logical_constraint(out_BxLxHxK, _QKV)
         if not _fused_residual_norm(c):
             return HeadsProjection(c, to_heads=False, name="output")(out_BxLxHxK)
         kernel_HKxD, bias_D = HeadsProjection(c, to_heads=False, name="output")(None)
-        return out_BxLxHxK.reshape(*out_BxLxHxK.shape[:-2], -1) @ kernel_HKxD.astype(dtype), bias_D
+        return out_BxLxHxK.reshape(*out_BxLxHxK.shape[:-2], -1) @ kernel_HKxD.astype(_dtype(c)), bias_D
 
-    def _pallas(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, input_mask_BxL, deterministic: bool):
-        """The Pallas kernel; its streams come from this layer's "dropout" RNG, as `Dropout`'s mask would."""
+    def _queries_keys_values(self, x_BxLxD, stacked: bool) -> tuple:
+        """(q, k, v), each [B, L, H, K]; with `fused_qkv` and `stacked` (the Triton kernel or its
+        interpreter), (qkv [B, L, 3, H, K],) as the one matmul wrote it: the kernel reads it in place."""
+        c = self.config
+        if _settled(c).fused_qkv != "always":
+            return tuple(nn.with_logical_constraint(HeadsProjection(c, to_heads=True, name=n)(x_BxLxD), _QKV)
+                         for n in ("query", "key", "value"))
+        # One [D, 3 H K] matmul on the three kernels concatenated (the parameters stay three).
+        weights = [HeadsProjection(c, to_heads=True, name=n)(None) for n in ("query", "key", "value")]
+        x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
+            x_BxLxD, jnp.concatenate([w for w, _ in weights], axis=1), jnp.concatenate([b for _, b in weights]),
+            dtype=_dtype(c))
+        qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], 3, c.num_heads, c.head_dim)
+        if stacked:
+            return (nn.with_logical_constraint(qkv_BxLx3xHxK, _QKV_STACKED),)
+        return tuple(nn.with_logical_constraint(qkv_BxLx3xHxK[..., i, :, :], _QKV) for i in range(3))
+
+    def _pallas(self, inputs: tuple, input_mask_BxL, deterministic: bool):
+        """The Pallas kernel on (q, k, v) or the stacked (qkv,); its streams come from this layer's
+        "dropout" RNG, as `Dropout`'s mask would."""
         c = _settled(self.config)
         rate = 0.0 if deterministic else c.attention_dropout_rate
-        batch, _, heads, _ = q_BxLxHxK.shape
+        batch, heads = inputs[0].shape[0], inputs[0].shape[-2]
         streams_BxHx2 = (fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate
                          else jnp.zeros((batch, heads, 2), jnp.uint32))  # no dropout: the streams are not read
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
         if c.attention == "pallas-mosaic":
             kernel = functools.partial(tpu_attention.attention, rate=rate)
         else:
-            kernel = functools.partial(fused_attention.attention, rate=rate, interpret=c.attention == "pallas-interpret")
-        return _on_each_shard(kernel, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2),
-                              (_QKV, _QKV, _QKV, ("batch",), ("batch", "heads", None)), _QKV)
+            kernel = functools.partial(fused_attention.attention_stacked if len(inputs) == 1
+                                       else fused_attention.attention,
+                                       rate=rate, interpret=c.attention == "pallas-interpret")
+        axes = (_QKV_STACKED,) if len(inputs) == 1 else (_QKV,) * 3
+        return _on_each_shard(kernel, (*inputs, lengths_B, streams_BxHx2),
+                              (*axes, ("batch",), ("batch", "heads", None)), _QKV)
 
 
 def _on_each_shard(kernel, args: tuple, axes: tuple, out_axes: tuple):

@@ -46,6 +46,27 @@ def test_lengths_the_blocks_do_not_divide_give_the_written_out_attention(length,
     reference.assert_float32_matches_written(_kernel, qkv, g, streams, lengths, 0.1)
 
 
+@pytest.mark.parametrize("length,lengths", [(L, LENGTHS), (80, (1, 37, 80))])
+def test_the_stacked_input_gives_the_same_bits_as_three_inputs(length, lengths):
+    """`attention_stacked` reads q, k and v from one [B, L, 3, H, K] array and writes dK, dV, then dQ
+    into one gradient (the dQ kernel aliased to the dK/dV kernel's output): identical values and
+    gradients, unpadded and padded (80 -> 96)."""
+    qkv, g, streams = reference.inputs(jnp.float32, B, length, H, K)
+    stacked_BxLx3xHxK = jnp.stack(qkv, axis=2)
+    lengths_B = jnp.array(lengths)
+
+    def run(kernel, x):
+        out, vjp = jax.vjp(lambda x: kernel(x, lengths_B, streams, rate=0.1, blocks=BLOCKS, interpret=True), x)
+        return out, vjp(g)[0]
+
+    three = run(lambda x, *a, **k: fused_attention.attention(*(x[:, :, i] for i in range(3)), *a, **k),
+                stacked_BxLx3xHxK)
+    one = run(fused_attention.attention_stacked, stacked_BxLx3xHxK)
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a, b)
+    assert all(np.abs(one[1][:, :, slot]).max() > 0.1 for slot in range(3))  # dQ, dK and dV all written
+
+
 def test_same_streams_same_bits_and_the_backward_regenerates_the_forwards_mask():
     """Run twice, the kernel gives identical bytes; with streams of another key it gives other values."""
     qkv, g, streams = _inputs(jnp.float32)
@@ -106,13 +127,16 @@ def test_shapes_the_kernel_does_not_take_are_refused():
         fused_attention.attention(*qkv, jnp.array(LENGTHS), streams, rate=0.1, blocks=(48, 32), interpret=True)
     with pytest.raises(ValueError, match="streams of a dropout key"):
         fused_attention.attention(*qkv, jnp.array(LENGTHS), None, rate=0.1, interpret=True)
+    with pytest.raises(ValueError, match=r"attention_stacked takes \[B, L, 3, H, K\]; got shape \(3, 128, 2, 16\)"):
+        fused_attention.attention_stacked(qkv[0], jnp.array(LENGTHS), streams, rate=0.1, interpret=True)
 
 
-def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
+@pytest.mark.parametrize("fused_qkv", ["never", "always"])  # always: the stacked input, as on GPUs
+def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path, fused_qkv):
     """The trainer with model.attention=pallas (interpreted on CPU) and the paper's attention dropout
     resumes to bitwise the same losses (tests/resume_check.py)."""
     resume_check.assert_resumes_to_the_same_losses(tmp_path, "model.attention=pallas",
-                                                   "model.attention_dropout_rate=0.1")
+                                                   "model.attention_dropout_rate=0.1", f"model.fused_qkv={fused_qkv}")
 
 
 def test_runs_take_any_sequence_length():

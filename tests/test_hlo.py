@@ -100,6 +100,13 @@ ENTRY %main (l: s32[2], s: u32[2,3,2], q: bf16[2,128,3,16], k: bf16[2,128,3,16],
 """
     (found,) = hlo.program_kernels(text)
     assert found.category == "attention" and found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
+    # q, k and v stacked ([B, L, 3, H, K], `fused_attention.attention_stacked`), passed three times
+    stacked = text.replace("q: bf16[2,128,3,16]", "q: bf16[2,128,3,3,16]").replace(
+        "%q = bf16[2,128,3,16]{3,2,1,0}", "%q = bf16[2,128,3,3,16]{4,3,2,1,0}").replace(
+        "custom-call(%l, %s, %q, %k, %v)", "custom-call(%l, %s, %q, %q, %q)")
+    (found,) = hlo.program_kernels(stacked)
+    assert found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
+    assert found.bytes == 2 * (2 * 128 * 9 * 16 + 2 * 128 * 48) + 8 + 48  # the stack read once, the result
 
 
 @pytest.mark.parametrize("shape_json", [
@@ -136,6 +143,29 @@ ENTRY %main (x: bf16[512,256], w: bf16[256,128]) -> bf16[512,128] {
     (found,) = hlo.program_kernels(text)
     assert found.category == "matmul" and found.bytes == 2 * (512 * 256 + 256 * 128 + 512 * 128)
     assert found.flops == 2 * 512 * 256 * 128
+
+
+def test_a_buffer_passed_twice_is_read_once_and_a_kernels_aliased_operand_is_its_result():
+    """As the H100 program writes the stacked attention's dQ kernel (operand 2 is the stack, passed as
+    q, k and v; operand 3 the dK/dV array it writes dQ into), and a cuBLAS call with a beta term,
+    whose aliased operand (C) is read."""
+    text = """HloModule aliasing
+
+ENTRY %main (s: bf16[64,3,32], d: bf16[64,3,32], x: bf16[64,32], w: bf16[32,32], c: bf16[64,32]) -> bf16[64,3,32] {
+  %s = bf16[64,3,32]{2,1,0} parameter(0)
+  %d = bf16[64,3,32]{2,1,0} parameter(1)
+  %x = bf16[64,32]{1,0} parameter(2)
+  %w = bf16[32,32]{1,0} parameter(3)
+  %c = bf16[64,32]{1,0} parameter(4)
+  %call.1 = bf16[64,3,32]{2,1,0} custom-call(%s, %s, %s, %d), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (3, {})}, metadata={op_name="jit(f)/attention_dropout_dq/pallas_call"}
+  %gemm.1 = (bf16[64,32]{1,0}, s8[4194304]{0}) custom-call(%x, %w, %c), custom_call_target="__cublas$lt$matmul", output_to_operand_aliasing={{0}: (2, {})}, backend_config={"gemm_backend_config":{"beta":1,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = bf16[64,3,32]{2,1,0} get-tuple-element(%call.1), index=0
+}
+"""
+    found = {k.name: k for k in hlo.program_kernels(text)}
+    stack = 2 * 64 * 3 * 32
+    assert found["call.1"].bytes == 2 * stack  # the stack read once, the result written; operand 3 not read
+    assert found["gemm.1"].bytes == 2 * (64 * 32 + 32 * 32 + 64 * 32 + 64 * 32)  # x, w, C read; the output
 
 
 def test_batched_dot_flops_count_the_batch():

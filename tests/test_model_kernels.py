@@ -344,8 +344,9 @@ def test_gelu_keeping_only_its_input_computes_jaxs_gelu_and_its_gradient(form):
 
 @pytest.mark.parametrize("overrides", [
     {"attention": "pallas", "attention_dropout_rate": 0.1},
+    {"attention": "pallas", "attention_dropout_rate": 0.1, "fused_qkv": "always"},  # the stacked input
     {"residual_norm": "pallas"},
-], ids=["attention", "residual_norm"])
+], ids=["attention", "attention-stacked", "residual_norm"])
 def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_gradients(overrides):
     """Under a mesh the kernels run in a shard_map over the batch (and heads), with the dropout
     streams of the whole batch split alongside: the masks, the loss and every parameter's gradient
@@ -380,3 +381,38 @@ def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_grad
         largest = max(np.abs(b).max() for b in jax.tree.leaves(single[1]))  # the key bias's is ~0: no rtol
         for a, b in zip(jax.tree.leaves(split[1]), jax.tree.leaves(single[1])):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * largest)
+
+
+def test_fused_qkv_feeds_the_pallas_kernel_its_stacked_output_with_the_same_losses_and_gradients():
+    """With `fused_qkv` the interpreted Triton kernel reads the matmul's [B, L, 3, H, K] output itself
+    and returns one gradient for it (`fused_attention.attention_stacked`); with the paper's dropout the
+    loss and gradients are those of three projections and three kernel inputs (float32 rounding)."""
+    config = dataclasses.replace(CONFIG, dtype="float32", num_heads=2, attention_dropout_rate=0.1, attention="pallas",
+                                 fused_qkv="never")
+    ids, mask = _inputs()
+    model, fused = BertForMaskedLM(config), BertForMaskedLM(dataclasses.replace(config, fused_qkv="always"))
+    params = nn.unbox(model.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+
+    def loss(p, m):
+        logits = m.apply({"params": p}, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(3)})
+        return jnp.sum(logits * np.asarray(mask)[..., None])
+
+    # Per layer: the forward, dK/dV and dQ kernels, each given the stack (padded to the kernel's 16 rows).
+    kernel_inputs = [[v.aval.shape for v in e.invars] for e in _equations(jax.make_jaxpr(
+        lambda p: jax.grad(loss)(p, fused))(params).jaxpr) if e.primitive.name == "pallas_call"]
+    assert len(kernel_inputs) == 3 * config.num_layers
+    assert all((3, 16, 3, 2, 16) in shapes for shapes in kernel_inputs), kernel_inputs
+    np.testing.assert_allclose(loss(params, fused), loss(params, model), rtol=1e-5)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5),
+                 jax.grad(loss)(params, fused), jax.grad(loss)(params, model))
+
+
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside its equations (jit, custom_vjp, scan...)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
