@@ -136,8 +136,8 @@ def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, delta_Q, keep_QxS, k_sta
     return dropped_QxS, p_QxS * (dp_QxS - delta_Q[:, None])
 
 
-def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref=None, *,
-                scale, rate, block_q):
+def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, rate,
+                block_q, stacked):
     length = lengths_ref[pl.program_id(0)]
     block_k, head_dim = k_ref.shape
     k_start = pl.program_id(2) * block_k
@@ -161,21 +161,26 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
     query_blocks = in_range * (q_ref.shape[0] // block_q)
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
     dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
-    if dv_ref is None:  # stacked: slots 1 and 2 of a [block, 3, K] block (slot 0 is dQ's, written after)
-        dk_ref[:, 1, :] = (dk_SxK * scale).astype(dk_ref.dtype)
-        dk_ref[:, 2, :] = dv_SxK.astype(dk_ref.dtype)
+    if stacked:  # refs: the dQ kernel's [B, L, 3, H, K] output and, aliasing it, a [block, 3, K] block of it
+        dqkv_ref = refs[1]  # slots 1 and 2; slot 0 holds dQ
+        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)
+        dqkv_ref[:, 2, :] = dv_SxK.astype(dqkv_ref.dtype)
     else:
+        dk_ref, dv_ref = refs
         dk_ref[...] = (dk_SxK * scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_SxK.astype(dv_ref.dtype)
 
 
-def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, rate,
-               block_k):
-    dq_ref = refs[-1]  # stacked: refs[0] is the dK/dV kernel's [B, L, 3, H, K] output, which dq_ref aliases
+def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref, *, scale,
+               rate, block_k):
     length = lengths_ref[pl.program_id(0)]
     block_q, head_dim = q_ref.shape
     q_start = pl.program_id(2) * block_q
-    q_QxK, do_QxK, lse_Q, delta_Q = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    q_QxK, do_QxK, lse_Q = q_ref[...], do_ref[...], lse_ref[...]
+    # The softmax's row term: rowsum(dP' * P') over the dropped probabilities P' is rowsum(dO * O),
+    # no [L, L] term; written out for the dK/dV kernel, which runs after this one.
+    delta_Q = jnp.sum(do_QxK.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
+    delta_ref[...] = delta_Q
 
     def body(j, dq_QxK):
         k_start = j * block_k
@@ -257,40 +262,37 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
     b, length = q.shape[:2]
     h, head_dim = q.shape[-2:]
     block_q, block_k = _blocks(length, blocks)
-    # rowsum(dP' * P') over the dropped probabilities P' equals rowsum(dO * O): no [L, L] term.
-    delta_BxHxL = jnp.einsum("blhk,blhk->bhl", do.astype(jnp.float32), out.astype(jnp.float32))
-    operands = (lengths_B, streams_BxHx2, q, k, v, do, lse_BxHxL, delta_BxHxL)
     common = dict(scale=head_dim ** -0.5, rate=rate)
     stacked = len(inputs) == 1
-
-    # dK and dV: a key block each program, every query; stacked, into slots 1 and 2 of dQKV.
+    operands = (lengths_B, streams_BxHx2, q, k, v, do, lse_BxHxL)
+    # dQ and the row term: a query block each program, every key; stacked, into slot 0 of dQKV.
+    dq_spec = _rows_spec(block_q, head_dim, False, slots[0])
+    dq, delta_BxHxL = pl.pallas_call(
+        functools.partial(_dq_kernel, block_k=block_k, **common), grid=(b, h, length // block_q),
+        in_specs=[_lengths_spec(b), _streams_spec(), dq_spec, _rows_spec(length, head_dim, True, slots[1]),
+                  _rows_spec(length, head_dim, True, slots[2]), _rows_spec(block_q, head_dim, False, None),
+                  _stats_spec(block_q, False), _rows_spec(block_q, head_dim, False, None)],
+        out_specs=[dq_spec, _stats_spec(block_q, False)],
+        out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, q.dtype), jax.ShapeDtypeStruct((b, h, length), jnp.float32)],
+        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
+    )(*operands, out)
+    # dK and dV: a key block each program, every query; stacked, into slots 1 and 2 of the same array
+    # (aliased: a [block, 3, K] block of which the kernel stores two slots).
     dkv_specs = [_lengths_spec(b), _streams_spec(), _rows_spec(length, head_dim, True, slots[0]),
                  _rows_spec(block_k, head_dim, False, slots[1]), _rows_spec(block_k, head_dim, False, slots[2]),
                  _rows_spec(length, head_dim, True, None), _stats_spec(length, True), _stats_spec(length, True)]
     if stacked:
-        dkv_out = dict(out_specs=_rows_spec(block_k, head_dim, False, "all"),
+        dqkv_spec = _rows_spec(block_k, head_dim, False, "all")
+        dkv_out = dict(in_specs=dkv_specs + [dqkv_spec], out_specs=dqkv_spec, input_output_aliases={len(dkv_specs): 0},
                        out_shape=jax.ShapeDtypeStruct(inputs[0].shape, inputs[0].dtype))
     else:
-        dkv_out = dict(out_specs=[_rows_spec(block_k, head_dim, False, None)] * 2,
+        dkv_out = dict(in_specs=dkv_specs, out_specs=[_rows_spec(block_k, head_dim, False, None)] * 2,
                        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)])
     dkv = pl.pallas_call(
-        functools.partial(_dkv_kernel, block_q=block_q, **common), grid=(b, h, length // block_k),
-        in_specs=dkv_specs, **dkv_out, compiler_params=_compiler_params(interpret, 4), interpret=interpret,
-        name="attention_dropout_dkv",
-    )(*operands)
-    # dQ: a query block each program, every key; stacked, into slot 0 of the same array (aliased).
-    dq_specs = [_lengths_spec(b), _streams_spec(), _rows_spec(block_q, head_dim, False, slots[0]),
-                _rows_spec(length, head_dim, True, slots[1]), _rows_spec(length, head_dim, True, slots[2]),
-                _rows_spec(block_q, head_dim, False, None), _stats_spec(block_q, False), _stats_spec(block_q, False)]
-    dq_spec = _rows_spec(block_q, head_dim, False, slots[0])
-    dq = pl.pallas_call(
-        functools.partial(_dq_kernel, block_k=block_k, **common), grid=(b, h, length // block_q),
-        in_specs=dq_specs + ([dq_spec] if stacked else []), out_specs=dq_spec,
-        out_shape=jax.ShapeDtypeStruct(inputs[0].shape, q.dtype),
-        input_output_aliases={len(operands): 0} if stacked else {},
-        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
-    )(*operands, *([dkv] if stacked else []))
-    return ((dq,) if stacked else (dq, *dkv)), None, None
+        functools.partial(_dkv_kernel, block_q=block_q, stacked=stacked, **common), grid=(b, h, length // block_k),
+        **dkv_out, compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dkv",
+    )(*operands, delta_BxHxL, *([dq] if stacked else []))
+    return ((dkv,) if stacked else (dq, *dkv)), None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

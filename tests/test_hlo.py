@@ -146,9 +146,9 @@ ENTRY %main (x: bf16[512,256], w: bf16[256,128]) -> bf16[512,128] {
 
 
 def test_a_buffer_passed_twice_is_read_once_and_a_kernels_aliased_operand_is_its_result():
-    """As the H100 program writes the stacked attention's dQ kernel (operand 2 is the stack, passed as
-    q, k and v; operand 3 the dK/dV array it writes dQ into), and a cuBLAS call with a beta term,
-    whose aliased operand (C) is read."""
+    """As the H100 program writes the stacked attention's dK/dV kernel (operand 0 is the stack, passed
+    as q, k and v; operand 3 the dQ kernel's output, which it writes dK and dV into), and a cuBLAS
+    call with a beta term, whose aliased operand (C) is read."""
     text = """HloModule aliasing
 
 ENTRY %main (s: bf16[64,3,32], d: bf16[64,3,32], x: bf16[64,32], w: bf16[32,32], c: bf16[64,32]) -> bf16[64,3,32] {
@@ -157,7 +157,7 @@ ENTRY %main (s: bf16[64,3,32], d: bf16[64,3,32], x: bf16[64,32], w: bf16[32,32],
   %x = bf16[64,32]{1,0} parameter(2)
   %w = bf16[32,32]{1,0} parameter(3)
   %c = bf16[64,32]{1,0} parameter(4)
-  %call.1 = bf16[64,3,32]{2,1,0} custom-call(%s, %s, %s, %d), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (3, {})}, metadata={op_name="jit(f)/attention_dropout_dq/pallas_call"}
+  %call.1 = bf16[64,3,32]{2,1,0} custom-call(%s, %s, %s, %d), custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{}: (3, {})}, metadata={op_name="jit(f)/attention_dropout_dkv/pallas_call"}
   %gemm.1 = (bf16[64,32]{1,0}, s8[4194304]{0}) custom-call(%x, %w, %c), custom_call_target="__cublas$lt$matmul", output_to_operand_aliasing={{0}: (2, {})}, backend_config={"gemm_backend_config":{"beta":1,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   ROOT %out = bf16[64,3,32]{2,1,0} get-tuple-element(%call.1), index=0
 }
