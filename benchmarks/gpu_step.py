@@ -298,10 +298,11 @@ def attention_check(platform: str | None) -> dict:
 def _stacked_check(on_gpu: bool, repeats: int = 20) -> dict:
     """Our kernel on the stacked [B, L, 3, H, K] input (what `fused_qkv` feeds it; [32, 512, 3, 12,
     64] bf16 on a GPU, as `attention-kernels`, padded tails) against the same kernel on q, k and v
-    sliced out of it: identical bytes expected (the same arithmetic, other addresses). Timed on
-    the stack, forward + backward, slices and the gradients' concatenation included where a form
-    takes three inputs, as in the model: ours both ways, ours without dropout, and cuDNN's (GPU),
-    which attention dropout 0 takes with the slices."""
+    sliced out of it, a bias added: identical output and input gradient expected (the same
+    arithmetic, other addresses), the bias's gradient within bf16 rounding (the kernels' block
+    sums against XLA's). Timed on the stack, forward + backward, the bias add, slices and the
+    gradients' concatenation included where a form takes three inputs, as in the model: ours
+    both ways, ours without dropout, and cuDNN's (GPU), which attention dropout 0 takes sliced."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -313,30 +314,34 @@ def _stacked_check(on_gpu: bool, repeats: int = 20) -> dict:
     g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32).astype(jnp.bfloat16)
     lengths_B = jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
     streams = fused_attention.dropout_streams(jax.random.key(2), b, h)
+    bias_3xHxK = jax.random.normal(jax.random.key(3), (3, h, k), jnp.float32).astype(jnp.bfloat16)
     interpret = not on_gpu
 
-    def sliced(x):
-        return tuple(x[:, :, i] for i in range(3))
+    def sliced(x, bias):  # as the model computed them before: bias added to the matmul's output, then slices
+        return tuple((x + bias)[:, :, i] for i in range(3))
 
     forms = {
-        "ours stacked, dropout 0.1": lambda x: fused_attention.attention_stacked(
-            x, lengths_B, streams, rate=0.1, interpret=interpret),
-        "ours on slices, dropout 0.1": lambda x: fused_attention.attention(
-            *sliced(x), lengths_B, streams, rate=0.1, interpret=interpret),
-        "ours stacked, no dropout": lambda x: fused_attention.attention_stacked(x, lengths_B, interpret=interpret),
+        "ours stacked, dropout 0.1": lambda x, bias: fused_attention.attention_stacked(
+            x, lengths_B, streams, bias, rate=0.1, interpret=interpret),
+        "ours on slices, dropout 0.1": lambda x, bias: fused_attention.attention(
+            *sliced(x, bias), lengths_B, streams, rate=0.1, interpret=interpret),
+        "ours stacked, no dropout": lambda x, bias: fused_attention.attention_stacked(
+            x, lengths_B, None, bias, interpret=interpret),
     }
     if on_gpu:
-        forms["cudnn on slices, no dropout"] = lambda x: jax.nn.dot_product_attention(
-            *sliced(x), key_value_seq_lengths=lengths_B, implementation="cudnn")
+        forms["cudnn on slices, no dropout"] = lambda x, bias: jax.nn.dot_product_attention(
+            *sliced(x, bias), key_value_seq_lengths=lengths_B, implementation="cudnn")
     try:
         results = []
         for name in ("ours stacked, dropout 0.1", "ours on slices, dropout 0.1"):
-            out, vjp = jax.vjp(jax.jit(forms[name]), qkv_BxLx3xHxK)
-            results.append([np.asarray(x, np.float32) for x in (out, vjp(g)[0])])
+            out, vjp = jax.vjp(jax.jit(forms[name]), qkv_BxLx3xHxK, bias_3xHxK)
+            results.append([np.asarray(x, np.float32) for x in (out, *vjp(g))])
         differences = [float(np.abs(x - y).max()) for x, y in zip(*results)]
-        return {"max_abs_difference": dict(zip(("out", "dqkv"), differences)),
-                "identical": all(d == 0.0 for d in differences),
-                "forms": _time_forms(forms, (qkv_BxLx3xHxK,), g, repeats if on_gpu else 1)}
+        largest_bias_grad = float(np.abs(results[1][2]).max())
+        return {"max_abs_difference": dict(zip(("out", "dqkv", "dbias"), differences)),
+                "identical": differences[0] == differences[1] == 0.0,  # the bias's gradient: summed otherwise
+                "dbias_error_relative_to_max": differences[2] / max(largest_bias_grad, 1e-30),
+                "forms": _time_forms(forms, (qkv_BxLx3xHxK, bias_3xHxK), g, repeats if on_gpu else 1)}
     except Exception as e:  # noqa: BLE001 - the cuDNN check stands without it
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
 

@@ -161,18 +161,20 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
     query_blocks = in_range * (q_ref.shape[0] // block_q)
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
     dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
-    if stacked:  # refs: the dQ kernel's [B, L, 3, H, K] output and, aliasing it, a [block, 3, K] block of it
-        dqkv_ref = refs[1]  # slots 1 and 2; slot 0 holds dQ
-        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)
+    if stacked:  # refs: the dQ kernel's [B, L, 3, H, K] output; aliasing it, a [block, 3, K] block of it
+        _, dqkv_ref, dbias_ref = refs  # slots 1 and 2 (slot 0 holds dQ); this block's part of the key and
+        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)  # value biases' gradients, [2, K]
         dqkv_ref[:, 2, :] = dv_SxK.astype(dqkv_ref.dtype)
+        dbias_ref[0, :] = jnp.sum(dk_SxK * scale, axis=0)
+        dbias_ref[1, :] = jnp.sum(dv_SxK, axis=0)
     else:
         dk_ref, dv_ref = refs
         dk_ref[...] = (dk_SxK * scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_SxK.astype(dv_ref.dtype)
 
 
-def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref, *, scale,
-               rate, block_k):
+def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref,
+               dbias_ref=None, *, scale, rate, block_k):
     length = lengths_ref[pl.program_id(0)]
     block_q, head_dim = q_ref.shape
     q_start = pl.program_id(2) * block_q
@@ -194,6 +196,8 @@ def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o
 
     dq_QxK = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, jnp.zeros((block_q, head_dim), jnp.float32))
     dq_ref[...] = (dq_QxK * scale).astype(dq_ref.dtype)
+    if dbias_ref is not None:  # this block's part of the query bias's gradient
+        dbias_ref[...] = jnp.sum(dq_QxK * scale, axis=0)
 
 
 def _rows_spec(rows, head_dim, whole, slot):
@@ -225,8 +229,18 @@ def _compiler_params(interpret: bool, num_warps: int):
 
 
 def _layout(inputs):
-    """(q, k, v) and the slot of each: three [B, L, H, K] arrays, or the stacked one three times."""
-    return (inputs * 3, (0, 1, 2)) if len(inputs) == 1 else (inputs, (None, None, None))
+    """(q, k, v) and the slot of each: three [B, L, H, K] arrays, or the stack (of (stack, bias)) three times."""
+    return (inputs[:1] * 3, (0, 1, 2)) if len(inputs) == 2 else (inputs, (None, None, None))
+
+
+def _biased(inputs):
+    """(q, k, v) as the kernels take them: the stack plus its bias (XLA adds it in the matmul's epilogue)."""
+    if len(inputs) == 3:
+        return inputs
+    qkv_BxLx3xHxK, bias_3xHxK = inputs
+    b, length = qkv_BxLx3xHxK.shape[:2]
+    flat_BxLxN = qkv_BxLx3xHxK.reshape(b, length, -1) + bias_3xHxK.reshape(-1).astype(qkv_BxLx3xHxK.dtype)
+    return (flat_BxLxN.reshape(qkv_BxLx3xHxK.shape), bias_3xHxK)
 
 
 def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
@@ -248,10 +262,11 @@ def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _attention(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
-    return _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret)[0]
+    return _forward(_biased(inputs), lengths_B, streams_BxHx2, rate, blocks, interpret)[0]
 
 
 def _attention_fwd(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
+    inputs = _biased(inputs)
     out, lse_BxHxL = _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret)
     return out, (inputs, lengths_B, streams_BxHx2, out, lse_BxHxL)
 
@@ -263,28 +278,35 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
     h, head_dim = q.shape[-2:]
     block_q, block_k = _blocks(length, blocks)
     common = dict(scale=head_dim ** -0.5, rate=rate)
-    stacked = len(inputs) == 1
+    stacked = len(inputs) == 2
     operands = (lengths_B, streams_BxHx2, q, k, v, do, lse_BxHxL)
-    # dQ and the row term: a query block each program, every key; stacked, into slot 0 of dQKV.
+    # dQ and the row term: a query block each program, every key; stacked, into slot 0 of dQKV, with
+    # each block's sum of dQ (the query bias's gradient, summed below).
     dq_spec = _rows_spec(block_q, head_dim, False, slots[0])
-    dq, delta_BxHxL = pl.pallas_call(
+    partial_specs = [pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))] if stacked else []
+    partial_shapes = [jax.ShapeDtypeStruct((b, h, length // block_q, head_dim), jnp.float32)] if stacked else []
+    dq, delta_BxHxL, *dbias_q = pl.pallas_call(
         functools.partial(_dq_kernel, block_k=block_k, **common), grid=(b, h, length // block_q),
         in_specs=[_lengths_spec(b), _streams_spec(), dq_spec, _rows_spec(length, head_dim, True, slots[1]),
                   _rows_spec(length, head_dim, True, slots[2]), _rows_spec(block_q, head_dim, False, None),
                   _stats_spec(block_q, False), _rows_spec(block_q, head_dim, False, None)],
-        out_specs=[dq_spec, _stats_spec(block_q, False)],
-        out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, q.dtype), jax.ShapeDtypeStruct((b, h, length), jnp.float32)],
+        out_specs=[dq_spec, _stats_spec(block_q, False), *partial_specs],
+        out_shape=[jax.ShapeDtypeStruct(q.shape if not stacked else inputs[0].shape, q.dtype),
+                   jax.ShapeDtypeStruct((b, h, length), jnp.float32), *partial_shapes],
         compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
     )(*operands, out)
     # dK and dV: a key block each program, every query; stacked, into slots 1 and 2 of the same array
-    # (aliased: a [block, 3, K] block of which the kernel stores two slots).
+    # (aliased: a [block, 3, K] block of which the kernel stores two slots), with each block's sums.
     dkv_specs = [_lengths_spec(b), _streams_spec(), _rows_spec(length, head_dim, True, slots[0]),
                  _rows_spec(block_k, head_dim, False, slots[1]), _rows_spec(block_k, head_dim, False, slots[2]),
                  _rows_spec(length, head_dim, True, None), _stats_spec(length, True), _stats_spec(length, True)]
     if stacked:
         dqkv_spec = _rows_spec(block_k, head_dim, False, "all")
-        dkv_out = dict(in_specs=dkv_specs + [dqkv_spec], out_specs=dqkv_spec, input_output_aliases={len(dkv_specs): 0},
-                       out_shape=jax.ShapeDtypeStruct(inputs[0].shape, inputs[0].dtype))
+        dkv_out = dict(in_specs=dkv_specs + [dqkv_spec], input_output_aliases={len(dkv_specs): 0},
+                       out_specs=[dqkv_spec, pl.BlockSpec((None, None, None, 2, head_dim),
+                                                          lambda b, h, i: (b, h, i, 0, 0))],
+                       out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, inputs[0].dtype),
+                                  jax.ShapeDtypeStruct((b, h, length // block_k, 2, head_dim), jnp.float32)])
     else:
         dkv_out = dict(in_specs=dkv_specs, out_specs=[_rows_spec(block_k, head_dim, False, None)] * 2,
                        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)])
@@ -292,7 +314,12 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
         functools.partial(_dkv_kernel, block_q=block_q, stacked=stacked, **common), grid=(b, h, length // block_k),
         **dkv_out, compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dkv",
     )(*operands, delta_BxHxL, *([dq] if stacked else []))
-    return ((dkv,) if stacked else (dq, *dkv)), None, None
+    if not stacked:
+        return (dq, *dkv), None, None
+    dqkv, dbias_kv = dkv
+    dbias_3xHxK = jnp.concatenate([jnp.sum(dbias_q[0], axis=(0, 2))[None],
+                                   jnp.sum(dbias_kv, axis=(0, 2)).transpose(1, 0, 2)])
+    return (dqkv, dbias_3xHxK.astype(inputs[1].dtype)), None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -313,18 +340,23 @@ def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *,
     return _padded_call((q_BxLxHxK, k_BxLxHxK, v_BxLxHxK), lengths_B, streams_BxHx2, rate, blocks, interpret)
 
 
-def attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2=None, *, rate: float = 0.0,
+def attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2=None, bias_3xHxK=None, *, rate: float = 0.0,
                       blocks: tuple[int, int] = DEFAULT_BLOCKS, interpret: bool = False) -> jax.Array:
-    """`attention` of queries, keys and values stacked on axis 2, as one [D, 3 H K] matmul writes them.
+    """`attention` of queries, keys and values stacked on axis 2, as one [D, 3 H K] matmul writes them,
+    plus `bias_3xHxK` (zero when None).
 
     The kernels read q, k and v where the matmul wrote them and the backward pass writes their
     gradients into one array for the matmul's backward: no copy splits the stack or joins the
-    gradients (each a 144 MiB pass per layer of BERT-base at 32 x 512 in bf16). Same values and
-    gradients, bit for bit.
+    gradients (each a 144 MiB pass per layer of BERT-base at 32 x 512 in bf16). The bias's
+    gradient comes from sums the backward kernels take of their blocks, not from another pass
+    over that array; XLA still adds the bias in the matmul's epilogue. Values and gradients are
+    those of `attention` on the three slots plus the bias, bit for bit.
     """
     if qkv_BxLx3xHxK.ndim != 5 or qkv_BxLx3xHxK.shape[2] != 3:
         raise ValueError(f"attention_stacked takes [B, L, 3, H, K]; got shape {qkv_BxLx3xHxK.shape}")
-    return _padded_call((qkv_BxLx3xHxK,), lengths_B, streams_BxHx2, rate, blocks, interpret)
+    if bias_3xHxK is None:
+        bias_3xHxK = jnp.zeros(qkv_BxLx3xHxK.shape[2:], qkv_BxLx3xHxK.dtype)
+    return _padded_call((qkv_BxLx3xHxK, bias_3xHxK), lengths_B, streams_BxHx2, rate, blocks, interpret)
 
 
 def _padded_call(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
@@ -335,8 +367,9 @@ def _padded_call(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
     if streams_BxHx2 is None:
         streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
     pad = padded_length(length, blocks) - length
-    if pad:
-        inputs = tuple(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in inputs)
+    if pad:  # the sequences' axis of q, k, v or the stack (not the bias)
+        inputs = tuple(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if x.ndim >= 4 else x
+                       for x in inputs)
     out_BxLxHxK = _attention(inputs, jnp.minimum(lengths_B.astype(jnp.int32), length),
                              streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), bool(interpret))
     return out_BxLxHxK[:, :length] if pad else out_BxLxHxK

@@ -587,7 +587,8 @@ class SelfAttention(nn.Module):
 
     def _queries_keys_values(self, x_BxLxD, stacked: bool) -> tuple:
         """(q, k, v), each [B, L, H, K]; with `fused_qkv` and `stacked` (the Triton kernel or its
-        interpreter), (qkv [B, L, 3, H, K],) as the one matmul wrote it: the kernel reads it in place."""
+        interpreter), (qkv [B, L, 3, H, K] without its bias, the bias [3, H, K]): the kernel reads the
+        matmul's output in place and returns the bias's gradient from its own block sums."""
         c = self.config
         if _settled(c).fused_qkv != "always":
             return tuple(nn.with_logical_constraint(HeadsProjection(c, to_heads=True, name=n)(x_BxLxD), _QKV)
@@ -597,27 +598,32 @@ class SelfAttention(nn.Module):
         x_BxLxD, kernel_Dx3HK, bias_3HK = nn.dtypes.promote_dtype(
             x_BxLxD, jnp.concatenate([w for w, _ in weights], axis=1), jnp.concatenate([b for _, b in weights]),
             dtype=_dtype(c))
-        qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], 3, c.num_heads, c.head_dim)
+        heads_3xHxK = (3, c.num_heads, c.head_dim)
         if stacked:
-            return (nn.with_logical_constraint(qkv_BxLx3xHxK, _QKV_STACKED),)
+            qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK).reshape(*x_BxLxD.shape[:-1], *heads_3xHxK)
+            return nn.with_logical_constraint(qkv_BxLx3xHxK, _QKV_STACKED), bias_3HK.reshape(heads_3xHxK)
+        qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], *heads_3xHxK)
         return tuple(nn.with_logical_constraint(qkv_BxLx3xHxK[..., i, :, :], _QKV) for i in range(3))
 
     def _pallas(self, inputs: tuple, input_mask_BxL, deterministic: bool):
-        """The Pallas kernel on (q, k, v) or the stacked (qkv,); its streams come from this layer's
-        "dropout" RNG, as `Dropout`'s mask would."""
+        """The Pallas kernel on (q, k, v) or on (the stack, its bias); its streams come from this
+        layer's "dropout" RNG, as `Dropout`'s mask would."""
         c = _settled(self.config)
         rate = 0.0 if deterministic else c.attention_dropout_rate
         batch, heads = inputs[0].shape[0], inputs[0].shape[-2]
         streams_BxHx2 = (fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate
                          else jnp.zeros((batch, heads, 2), jnp.uint32))  # no dropout: the streams are not read
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
+        interpret = c.attention == "pallas-interpret"
         if c.attention == "pallas-mosaic":
             kernel = functools.partial(tpu_attention.attention, rate=rate)
+        elif len(inputs) == 2:
+            def kernel(qkv_BxLx3xHxK, bias_3xHxK, lengths_B, streams_BxHx2):
+                return fused_attention.attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2, bias_3xHxK,
+                                                         rate=rate, interpret=interpret)
         else:
-            kernel = functools.partial(fused_attention.attention_stacked if len(inputs) == 1
-                                       else fused_attention.attention,
-                                       rate=rate, interpret=c.attention == "pallas-interpret")
-        axes = (_QKV_STACKED,) if len(inputs) == 1 else (_QKV,) * 3
+            kernel = functools.partial(fused_attention.attention, rate=rate, interpret=interpret)
+        axes = (_QKV_STACKED, (None, "heads", "kv")) if len(inputs) == 2 else (_QKV,) * 3
         return _on_each_shard(kernel, (*inputs, lengths_B, streams_BxHx2),
                               (*axes, ("batch",), ("batch", "heads", None)), _QKV)
 

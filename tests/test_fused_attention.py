@@ -67,6 +67,28 @@ def test_the_stacked_input_gives_the_same_bits_as_three_inputs(length, lengths):
     assert all(np.abs(one[1][:, :, slot]).max() > 0.1 for slot in range(3))  # dQ, dK and dV all written
 
 
+def test_the_stacked_inputs_bias_gradient_is_the_sum_of_its_slots_gradients():
+    """With a bias, `attention_stacked(x, bias)` is `attention` on the slots of x + bias: the same
+    values and input gradients bit for bit, and the bias's gradient (from the backward kernels'
+    block sums) the sum over batch and length of each slot's, to float32 rounding."""
+    qkv, g, streams = reference.inputs(jnp.float32, B, 80, H, K)
+    stacked_BxLx3xHxK = jnp.stack(qkv, axis=2)
+    bias_3xHxK = jax.random.normal(jax.random.key(5), (3, H, K), jnp.float32)
+    lengths_B = jnp.array((1, 37, 80))
+    common = dict(rate=0.1, blocks=BLOCKS, interpret=True)
+    out, vjp = jax.vjp(lambda x, b: fused_attention.attention_stacked(x, lengths_B, streams, b, **common),
+                       stacked_BxLx3xHxK, bias_3xHxK)
+    d_stack, d_bias = vjp(g)
+    biased = stacked_BxLx3xHxK + bias_3xHxK
+    three, vjp3 = jax.vjp(lambda *x: fused_attention.attention(*x, lengths_B, streams, **common),
+                          *(biased[:, :, i] for i in range(3)))
+    d_three = vjp3(g)
+    np.testing.assert_array_equal(out, three)
+    np.testing.assert_array_equal(d_stack, jnp.stack(d_three, axis=2))
+    np.testing.assert_allclose(d_bias, jnp.stack([d.sum(axis=(0, 1)) for d in d_three]), rtol=1e-5, atol=1e-5)
+    assert np.abs(d_bias[0]).max() > 0.1 and np.abs(d_bias[2]).max() > 0.1  # the key bias's is ~0 (softmax)
+
+
 def test_same_streams_same_bits_and_the_backward_regenerates_the_forwards_mask():
     """Run twice, the kernel gives identical bytes; with streams of another key it gives other values."""
     qkv, g, streams = _inputs(jnp.float32)

@@ -26,6 +26,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
     assert check["stacked"]["identical"], check["stacked"]  # our kernel, interpreted: stacked = three inputs
+    assert check["stacked"]["dbias_error_relative_to_max"] < 2e-2, check["stacked"]  # bf16 sums
     assert len(check["stacked"]["forms"]) == 3, check["stacked"]  # cuDNN's on GPUs only
     assert all(t["ms_fwd_bwd"] > 0 for t in check["stacked"]["forms"].values()), check["stacked"]
     record = results.pop(0)
