@@ -161,9 +161,11 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
     query_blocks = in_range * (q_ref.shape[0] // block_q)
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
     dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
-    if stacked:  # refs: the dQ kernel's [B, L, 3, H, K] output; aliasing it, a [block, 3, K] block of it
-        _, dqkv_ref, dbias_ref = refs  # slots 1 and 2 (slot 0 holds dQ); this block's part of the key and
-        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)  # value biases' gradients, [2, K]
+    if stacked:
+        # refs: the dQ kernel's [B, L, 3, H, K] output (unread); a [block, 3, K] block of it, aliased,
+        # whose slots 1 and 2 this kernel writes (slot 0 holds dQ); this block's sums of dK and dV.
+        _, dqkv_ref, dbias_ref = refs
+        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)
         dqkv_ref[:, 2, :] = dv_SxK.astype(dqkv_ref.dtype)
         dbias_ref[0, :] = jnp.sum(dk_SxK * scale, axis=0)
         dbias_ref[1, :] = jnp.sum(dv_SxK, axis=0)
@@ -229,7 +231,7 @@ def _compiler_params(interpret: bool, num_warps: int):
 
 
 def _layout(inputs):
-    """(q, k, v) and the slot of each: three [B, L, H, K] arrays, or the stack (of (stack, bias)) three times."""
+    """(q, k, v) and the slot of each: three [B, L, H, K] arrays, or, for (stack, bias), the stack three times."""
     return (inputs[:1] * 3, (0, 1, 2)) if len(inputs) == 2 else (inputs, (None, None, None))
 
 
@@ -291,7 +293,7 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
                   _rows_spec(length, head_dim, True, slots[2]), _rows_spec(block_q, head_dim, False, None),
                   _stats_spec(block_q, False), _rows_spec(block_q, head_dim, False, None)],
         out_specs=[dq_spec, _stats_spec(block_q, False), *partial_specs],
-        out_shape=[jax.ShapeDtypeStruct(q.shape if not stacked else inputs[0].shape, q.dtype),
+        out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, q.dtype),
                    jax.ShapeDtypeStruct((b, h, length), jnp.float32), *partial_shapes],
         compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
     )(*operands, out)
@@ -349,8 +351,9 @@ def attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2=None, bias_3xHxK=N
     gradients into one array for the matmul's backward: no copy splits the stack or joins the
     gradients (each a 144 MiB pass per layer of BERT-base at 32 x 512 in bf16). The bias's
     gradient comes from sums the backward kernels take of their blocks, not from another pass
-    over that array; XLA still adds the bias in the matmul's epilogue. Values and gradients are
-    those of `attention` on the three slots plus the bias, bit for bit.
+    over that array; XLA still adds the bias in the matmul's epilogue. Values and the stack's
+    gradient are those of `attention` on the three slots plus the bias, bit for bit; the bias's
+    gradient is the same sum in another order.
     """
     if qkv_BxLx3xHxK.ndim != 5 or qkv_BxLx3xHxK.shape[2] != 3:
         raise ValueError(f"attention_stacked takes [B, L, 3, H, K]; got shape {qkv_BxLx3xHxK.shape}")

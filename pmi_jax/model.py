@@ -556,7 +556,8 @@ class SelfAttention(nn.Module):
     computes, whereas with lengths it skips the padding blocks. With `config.attention` "pallas"
     (either dropout rate) it is `fused_attention.attention`, whose dropout mask is a function of
     this layer's dropout key and the entry's position, drawn inside the kernel: the same masks as
-    long as the key is the same, so a resumed run redraws them. With `residual_norm` "pallas" it
+    long as the key is the same, so a resumed run redraws them (with `fused_qkv`,
+    `attention_stacked` on the one matmul's output, read in place). With `residual_norm` "pallas" it
     returns the output projection without its bias, and the bias, for `_ResidualNorm` to add.
     """
 

@@ -48,8 +48,8 @@ def test_lengths_the_blocks_do_not_divide_give_the_written_out_attention(length,
 
 @pytest.mark.parametrize("length,lengths", [(L, LENGTHS), (80, (1, 37, 80))])
 def test_the_stacked_input_gives_the_same_bits_as_three_inputs(length, lengths):
-    """`attention_stacked` reads q, k and v from one [B, L, 3, H, K] array and writes dK, dV, then dQ
-    into one gradient (the dQ kernel aliased to the dK/dV kernel's output): identical values and
+    """`attention_stacked` reads q, k and v from one [B, L, 3, H, K] array and writes dQ, then dK and
+    dV into one gradient (the dK/dV kernel aliased to the dQ kernel's output): identical values and
     gradients, unpadded and padded (80 -> 96)."""
     qkv, g, streams = reference.inputs(jnp.float32, B, length, H, K)
     stacked_BxLx3xHxK = jnp.stack(qkv, axis=2)
