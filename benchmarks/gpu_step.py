@@ -295,6 +295,20 @@ def attention_check(platform: str | None) -> dict:
             "stacked": _stacked_check(on_gpu)}
 
 
+def _layer_inputs(on_gpu: bool) -> tuple:
+    """One attention layer's inputs for the micro-benchmarks: (B, L, H, K), bf16 (q, k, v) and output
+    gradient of BERT-base at batch 32 on a GPU (tiny on CPU), and lengths from L / 2 to L."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    shape = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
+    b, length, _, _ = shape
+    qkv = tuple(jax.random.normal(jax.random.key(0), (3, *shape), jnp.float32).astype(jnp.bfloat16))
+    g = jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(jnp.bfloat16)
+    return shape, qkv, g, jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
+
+
 def _stacked_check(on_gpu: bool, repeats: int = 20) -> dict:
     """Our kernel on the stacked [B, L, 3, H, K] input (what `fused_qkv` feeds it; [32, 512, 3, 12,
     64] bf16 on a GPU, as `attention-kernels`, padded tails) against the same kernel on q, k and v
@@ -309,10 +323,8 @@ def _stacked_check(on_gpu: bool, repeats: int = 20) -> dict:
 
     from pmi_jax import fused_attention
 
-    b, length, h, k = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
-    qkv_BxLx3xHxK = jax.random.normal(jax.random.key(0), (b, length, 3, h, k), jnp.float32).astype(jnp.bfloat16)
-    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32).astype(jnp.bfloat16)
-    lengths_B = jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
+    (b, _, h, k), qkv, g, lengths_B = _layer_inputs(on_gpu)
+    qkv_BxLx3xHxK = jnp.stack(qkv, axis=2)
     streams = fused_attention.dropout_streams(jax.random.key(2), b, h)
     bias_3xHxK = jax.random.normal(jax.random.key(3), (3, h, k), jnp.float32).astype(jnp.bfloat16)
     interpret = not on_gpu
@@ -363,17 +375,13 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
     """
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from pmi_jax import fused_attention
     from pmi_jax.model import Dropout, written_attention
 
     device = (jax.devices(platform) if platform else jax.devices())[0]
     on_gpu = device.platform == "gpu"
-    b, length, h, k = (32, 512, 12, 64) if on_gpu else (2, 64, 2, 16)
-    q, kk, v = jax.random.normal(jax.random.key(0), (3, b, length, h, k), jnp.float32).astype(jnp.bfloat16)
-    g = jax.random.normal(jax.random.key(1), (b, length, h, k), jnp.float32).astype(jnp.bfloat16)
-    lengths_B = jnp.asarray(np.linspace(length // 2, length, b).astype(np.int32))
+    (b, length, h, k), (q, kk, v), g, lengths_B = _layer_inputs(on_gpu)
     valid_BxL = jnp.arange(length)[None, :] < lengths_B[:, None]
     rng = jax.random.key(2)
     scale = k ** -0.5
