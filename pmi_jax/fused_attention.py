@@ -161,17 +161,18 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
     query_blocks = in_range * (q_ref.shape[0] // block_q)
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
     dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
+    dk_SxK = dk_SxK * scale
     if stacked:
         # refs: the dQ kernel's [B, L, 3, H, K] output (unread); a [block, 3, K] block of it, aliased,
         # whose slots 1 and 2 this kernel writes (slot 0 holds dQ); this block's sums of dK and dV.
         _, dqkv_ref, dbias_ref = refs
-        dqkv_ref[:, 1, :] = (dk_SxK * scale).astype(dqkv_ref.dtype)
+        dqkv_ref[:, 1, :] = dk_SxK.astype(dqkv_ref.dtype)
         dqkv_ref[:, 2, :] = dv_SxK.astype(dqkv_ref.dtype)
-        dbias_ref[0, :] = jnp.sum(dk_SxK * scale, axis=0)
+        dbias_ref[0, :] = jnp.sum(dk_SxK, axis=0)
         dbias_ref[1, :] = jnp.sum(dv_SxK, axis=0)
     else:
         dk_ref, dv_ref = refs
-        dk_ref[...] = (dk_SxK * scale).astype(dk_ref.dtype)
+        dk_ref[...] = dk_SxK.astype(dk_ref.dtype)
         dv_ref[...] = dv_SxK.astype(dv_ref.dtype)
 
 
@@ -197,9 +198,10 @@ def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o
         return dq_QxK + plgpu.dot(ds_QxS.astype(k_SxK.dtype), k_SxK)
 
     dq_QxK = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, jnp.zeros((block_q, head_dim), jnp.float32))
-    dq_ref[...] = (dq_QxK * scale).astype(dq_ref.dtype)
+    dq_QxK = dq_QxK * scale
+    dq_ref[...] = dq_QxK.astype(dq_ref.dtype)
     if dbias_ref is not None:  # this block's part of the query bias's gradient
-        dbias_ref[...] = jnp.sum(dq_QxK * scale, axis=0)
+        dbias_ref[...] = jnp.sum(dq_QxK, axis=0)
 
 
 def _rows_spec(rows, head_dim, whole, slot):
