@@ -820,8 +820,34 @@ class BertForMaskedLM(nn.Module):
                  positions_BxP=None):
         x_BxLxD = self.encoder(input_ids_BxL, input_mask_BxL, token_type_ids_BxL, deterministic=deterministic)
         if positions_BxP is not None:
-            x_BxLxD = jnp.take_along_axis(x_BxLxD, positions_BxP[..., None], axis=1)
+            x_BxLxD = _gather_positions(x_BxLxD, positions_BxP)
         return self.predict(x_BxLxD)
+
+
+@jax.custom_vjp
+def _gather_positions(x_BxLxD, positions_BxP):
+    """x at P positions of each row, whose gradient is a product with the positions' one-hot.
+
+    The gather's own gradient scatters into a zero [B, L, D] array, which XLA:GPU kept in memory
+    and shared with every dropout's select: each layer read 24 MiB of zeros forward and backward
+    (BERT-base at 32 x 512; benchmarks/README.md, "The gathered head's gradient"). A one-hot
+    product is exact (one term per entry, or a sum where a position repeats) and fuses nothing.
+    """
+    return jnp.take_along_axis(x_BxLxD, positions_BxP[..., None], axis=1)
+
+
+def _gather_positions_fwd(x_BxLxD, positions_BxP):
+    at_BxLxP = positions_BxP[:, None, :] == jnp.arange(x_BxLxD.shape[1])[None, :, None]
+    return _gather_positions(x_BxLxD, positions_BxP), at_BxLxP
+
+
+def _gather_positions_bwd(at_BxLxP, g_BxPxD):
+    dx_BxLxD = jnp.einsum("blp,bpd->bld", at_BxLxP.astype(g_BxPxD.dtype), g_BxPxD,
+                          precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return dx_BxLxD.astype(g_BxPxD.dtype), None
+
+
+_gather_positions.defvjp(_gather_positions_fwd, _gather_positions_bwd)
 
 
 def unstack_layers(params: dict) -> dict:

@@ -290,6 +290,35 @@ def test_gathered_head_gives_the_logits_of_the_full_head_at_those_positions():
                                                                         axis=1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gathered_heads_gradient_is_the_gathers_gradient(dtype):
+    """The head's gather takes its gradient from a one-hot product instead of a scatter: the
+    same values bit for bit at distinct positions (the trainer's), the sum where one repeats."""
+    from pmi_jax.model import _gather_positions
+
+    x_BxLxD = jax.random.normal(jax.random.key(0), (3, 12, 8), dtype)
+    g_BxPxD = jax.random.normal(jax.random.key(1), (3, 4, 8), dtype)
+    distinct = jnp.asarray([[0, 3, 5, 11], [7, 2, 1, 0], [4, 9, 10, 6]], jnp.int32)
+    repeated = jnp.asarray([[0, 3, 5, 11], [7, 2, 1, 0], [4, 4, 0, 4]], jnp.int32)
+
+    def grad(gather, positions):
+        _, vjp = jax.vjp(lambda x: gather(x, positions), x_BxLxD)
+        return np.asarray(vjp(g_BxPxD)[0], np.float32)
+
+    def reference(x, positions):
+        return jnp.take_along_axis(x, positions[..., None], axis=1)
+
+    np.testing.assert_array_equal(np.asarray(_gather_positions(x_BxLxD, distinct), np.float32),
+                                  np.asarray(reference(x_BxLxD, distinct), np.float32))
+    np.testing.assert_array_equal(grad(_gather_positions, distinct), grad(reference, distinct))
+    ours, theirs = grad(_gather_positions, repeated), grad(reference, repeated)
+    # Row 2 gets three rows of g at position 4: summed in float32 and rounded once by ours, in
+    # the gradient's dtype by the scatter; the other entries are single rows of g or zero.
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6 if dtype == jnp.float32 else 2e-2, atol=1e-6)
+    np.testing.assert_array_equal(ours[:2], theirs[:2])
+    assert not ours[2, [1, 2, 3, 5, 7, 8, 11]].any()
+
+
 def test_padded_vocabulary_rows_never_take_probability():
     import dataclasses
 
