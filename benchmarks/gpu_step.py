@@ -82,7 +82,7 @@ UNROLLED = ("model.scan_layers=false", "model.remat=none")  # large's config sca
 CHECK = Variant("attention-check", min_s=30)  # cuDNN's attention against XLA's; ours stacked against 3 inputs
 KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forward and backward, per implementation
 NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forward and backward: XLA's and ours
-GELUS = Variant("gelu-kernels", min_s=25)  # the feed-forward GELU, forward and backward: erf, erfc, tanh
+GELUS = Variant("gelu-kernels", min_s=40)  # the feed-forward GELU alone (erf, erfc, tanh) and after its matmul
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
 # phase, 90% of its steps) at batch 128 has the tokens of 512 x 32.
@@ -90,6 +90,8 @@ GPU_PLAN = (
     CHECK,
     GELUS,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
+    # Our kernel without dropout, reading the fused Q/K/V output in place, where cuDNN takes slices.
+    Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
     # The three projections apart, the GPU default before fused_qkv=auto (2026-11-28).
     Variant("base-512-attn0-separate-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=never",)),
     Variant("base-512-paper", overrides=PAPER, profile=True),  # the Pallas attention (auto, since 2026-11-28)
@@ -112,7 +114,6 @@ GPU_PLAN = (
     Variant("base-512-paper-b128", batch_per_device=128, min_s=150),
     Variant("base-512-attn0-b128", batch_per_device=128, overrides=NO_ATTN_DROPOUT, min_s=150),
     Variant("base-128-paper-b256", seq_len=128, batch_per_device=256, min_s=120),
-    Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
     Variant("base-512-paper-scatter", overrides=("model.embedding_grad=scatter",)),
     Variant("base-512-paper-rbg", overrides=("train.prng_impl=rbg",)),
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
@@ -559,12 +560,41 @@ def gelu_kernels(platform: str | None, repeats: int = 20) -> dict:
 
     erfc_form.defvjp(lambda x: (erfc_form(x), x), lambda x, dy: model._gelu_bwd("erf", x, dy))  # model._gelu's
     forms = {"erf (model._gelu)": lambda v: model._gelu("erf", v), "erfc (jax.nn.gelu's formula)": erfc_form,
-             "tanh (model.gelu=tanh)": lambda v: model._gelu("tanh", v)}
+             "tanh (model.gelu=tanh off GPUs)": lambda v: model._gelu("tanh", v)}
     return {"variant": GELUS.name, "what": "one feed-forward GELU, forward + backward", "shape": list(shape),
             "per_step": 12, "forms": _time_forms(forms, (x,), g, repeats if on_gpu else 3),
             "ours_vs_reference_same_mask": _errors_against_float32(
                 lambda v: model._gelu_f32("erf", v), {"erf": forms["erf (model._gelu)"], "erfc": erfc_form},
-                (x,), g, ("y", "dx"))}
+                (x,), g, ("y", "dx")),
+            "with_matmul": _gelu_after_matmul(shape, repeats if on_gpu else 3)}
+
+
+def _gelu_after_matmul(shape: tuple, repeats: int) -> dict:
+    """GELU(x W + b) as the feed-forward block's first half computes it, forward and backward: the
+    tanh form written for cuBLAS's epilogue (`model.gelu=tanh` on GPUs) beside the erf form and
+    the float32 tanh formula, each against float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import model
+
+    b, length, f = shape
+    d = 768 if f == 3072 else f // 3
+    keys = jax.random.split(jax.random.key(1), 4)
+    x = jax.random.normal(keys[0], (b * length, d), jnp.float32).astype(jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (d, f), jnp.float32) * 0.02 * 3).astype(jnp.bfloat16)
+    bias = (jax.random.normal(keys[2], (f,), jnp.float32) * 0.1).astype(jnp.bfloat16)
+    g = jax.random.normal(keys[3], (b * length, f), jnp.float32).astype(jnp.bfloat16)
+
+    def form(name):
+        return lambda x, w, bias: model._gelu(name, jnp.dot(x, w) + bias)
+
+    forms = {name: form(name) for name in ("erf", "tanh", "tanh-epilogue")}
+    exact = lambda x, w, bias: model._gelu_f32("tanh", jnp.dot(x, w, precision="highest") + bias)  # noqa: E731
+    return {"shape": [b * length, d, f], "forms": _time_forms(forms, (x, w, bias), g, repeats),
+            "against_float32": _errors_against_float32(
+                exact, {name: forms[name] for name in ("tanh", "tanh-epilogue")}, (x, w, bias), g,
+                ("y", "dx", "dw", "dbias"))}
 
 
 # --------------------------------------------------------------------------------------
@@ -722,6 +752,17 @@ def _write(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def _matmul_lines(record: dict | None) -> list[str]:
+    if not record:
+        return []
+    return [f"{'':<32}after the matmul {record['shape']}: " + "; ".join(
+        f"{name} " + (f"{f['ms_fwd_bwd']:.3f} ms" if "ms_fwd_bwd" in f else f["error"])
+        for name, f in record["forms"].items()),
+        f"{'':<32}against float32 (max error / max): " + "; ".join(
+            f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
+            for who, errs in record["against_float32"].items())]
+
+
 def _line(r: dict) -> str:
     if "error" in r or "skipped" in r:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
@@ -731,7 +772,7 @@ def _line(r: dict) -> str:
             for name, f in r["forms"].items()] + [
             f"{'':<32}against float32, same mask (max error / max): " + "; ".join(
                 f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
-                for who, errs in r["ours_vs_reference_same_mask"].items())])
+                for who, errs in r["ours_vs_reference_same_mask"].items())] + _matmul_lines(r.get("with_matmul")))
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"

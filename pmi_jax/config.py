@@ -43,7 +43,7 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", 
 PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
-GELUS = ("erf", "tanh")
+GELUS = ("erf", "tanh", "tanh-epilogue")
 FUSED_QKV = ("auto", "always", "never")
 RESIDUAL_NORMS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
 
@@ -108,6 +108,7 @@ class ModelConfig:
     # GELU form: "erf" (exact; transformers' BertModel, so exports give the same numbers) or
     # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
     # cheaper on some accelerators, but an exported model then computes slightly differently).
+    # GPU programs compute "tanh" in cuBLAS's epilogue ("tanh-epilogue", `model.for_platform`).
     gelu: str = "erf"
     # Query, key and value as one matmul against the three kernels concatenated ([D, 3 x D]);
     # the parameters stay three, so checkpoints and exports are unchanged. "always", "never", or

@@ -275,6 +275,33 @@ def test_an_h100_step_takes_the_gradient_norm_in_few_kernels():
     assert grouped["bytes"] == pytest.approx(optax_norm["bytes"], rel=0.01), report
 
 
+_COMPILE_GPU_GELU = """
+import json, re, sys
+from pmi_jax import compile_only, hlo
+from pmi_jax.config import apply_overrides, load_config
+out = {}
+for gelu in ("erf", "tanh"):
+    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + [f"model.gelu={gelu}"])
+    report, compiled = compile_only.compile_train_step(config, "h100")
+    text = compiled.as_text()
+    out[gelu] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
+                 "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text))}
+print(json.dumps(out))
+"""
+
+
+@needs_cuda_plugin
+def test_an_h100_step_computes_the_tanh_gelu_in_the_matmuls():
+    """With `model.gelu=tanh` cuBLAS computes each GELU in the epilogue of the matmul before it
+    (tiny's two feed-forward blocks and the MLM head's transform): no GELU kernel of its own, so
+    fewer launches and bytes than the erf GELU, which cuBLAS has no epilogue for."""
+    report = _last_json(_COMPILE_GPU_GELU, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
+                        _cuda_env())
+    erf, tanh = report["erf"], report["tanh"]
+    assert (erf["gelu_epilogues"], tanh["gelu_epilogues"]) == (0, 3), report
+    assert tanh["launches"] < erf["launches"] and tanh["bytes"] < erf["bytes"], report
+
+
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():
     if HAS_CUDA_PLUGIN and importlib.util.find_spec("jax_cuda12_plugin") is not None:
         pytest.skip("the CUDA plugin is importable here: the command would compile")
