@@ -96,6 +96,8 @@ GPU_PLAN = (
     Variant("base-512-attn0-separate-qkv", overrides=NO_ATTN_DROPOUT + ("model.fused_qkv=never",)),
     Variant("base-512-paper", overrides=PAPER, profile=True),  # the Pallas attention (auto, since 2026-11-28)
     Variant("base-512-paper-separate-qkv", overrides=("model.fused_qkv=never",)),
+    # The hidden dropouts' 16-bit threefry masks, the GPU default before the hash (2026-11-28).
+    Variant("base-512-paper-bits16", overrides=("model.dropout_mask=bits16",)),
     # Without CUDA graphs (XLA's command buffers, on by default; XLA turns them off while profiling).
     Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=("--xla_gpu_enable_command_buffer=",)),
     # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
@@ -509,7 +511,7 @@ def layer_norm_kernels(platform: str | None, repeats: int = 20) -> dict:
     keys = jax.random.split(jax.random.key(0), 4)
     a, x, g = (jax.random.normal(k, (b, length, d), jnp.float32).astype(jnp.bfloat16) for k in keys[:3])
     inputs = (a, jnp.full((d,), 0.1), x, jnp.ones((d,)), jnp.zeros((d,)))  # a, bias, x, scale, offset
-    dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "bits16"}.get(device.platform, "bernoulli"))
+    dropout = Dropout(0.1, mask={"cpu": "cpu", "gpu": "hash"}.get(device.platform, "bernoulli"))
     streams = fused_layer_norm.dropout_streams(keys[3], b)
     keep = fused_layer_norm.keep_mask(streams, length, d, 0.1)
 
@@ -525,6 +527,8 @@ def layer_norm_kernels(platform: str | None, repeats: int = 20) -> dict:
 
     forms = {"xla, dropout 0.1 (the model's path)": xla(
                  lambda h: dropout.apply({}, h, deterministic=False, rngs={"dropout": keys[3]})),
+             "xla, dropout 0.1, 16-bit masks (the GPU default before the hash)": xla(
+                 lambda h: Dropout(0.1, mask="bits16").apply({}, h, deterministic=False, rngs={"dropout": keys[3]})),
              "xla, no dropout": xla(lambda h: h),
              f"ours, dropout 0.1, {fused_layer_norm.MAX_ROWS} rows a program": ours(0.1)}
     if on_gpu:

@@ -42,7 +42,7 @@ XLA_CPU_VARIANTS = ("cpu", "always", "never")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
-DROPOUT_MASKS = ("auto", "bernoulli", "bits16")
+DROPOUT_MASKS = ("auto", "bernoulli", "bits16", "hash")
 GELUS = ("erf", "tanh", "tanh-epilogue")
 FUSED_QKV = ("auto", "always", "never")
 RESIDUAL_NORMS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
@@ -119,8 +119,10 @@ class ModelConfig:
     # Hidden-dropout masks where the XLA:CPU variant is off: "bernoulli" (`jax.random.bernoulli`,
     # one threefry block per element), "bits16" (16 bits per element, four elements per block;
     # keep probability round(0.9 x 2^16) / 2^16 for dropout 0.1: `pmi_jax.model._keep_mask16`),
-    # or "auto": bits16 in GPU programs, bernoulli elsewhere (a TPU program is slower with
-    # bits16). Attention dropout stays bernoulli (benchmarks/README.md, "Dropout masks from 16 bits").
+    # "hash" (the fused LayerNorm kernel's rule, computed where it is applied and again in the
+    # backward pass: `pmi_jax.model._hashed_dropout`), or "auto": hash in GPU programs, bernoulli
+    # elsewhere. Attention dropout stays bernoulli (benchmarks/README.md, "Dropout masks from 16
+    # bits", "Hidden dropout from a hash").
     dropout_mask: str = "auto"
     # Each layer's output bias, hidden dropout, residual and LayerNorm: "xla" (written as JAX ops;
     # XLA fuses them) or "pallas": one Pallas kernel forward and one backward, the dropout mask

@@ -178,26 +178,55 @@ def _keep_mask16(rng, keep_prob: float, shape) -> tuple[jax.Array, float]:
     return halves < jnp.uint32(threshold), realised
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _hashed_dropout(x_BxLxD, streams_Bx2, rate: float):
+    """Inverted dropout of x by `fused_layer_norm`'s keep rule, whose backward pass redraws the mask.
+
+    The rule is a hash of (the sequence's streams, position, column): XLA computes it inside
+    the kernels that apply it, forward and backward, so no mask is written or kept between the
+    two passes, where threefry's masks were computed ahead and written (benchmarks/README.md,
+    "Hidden dropout from a hash"). Same key, same mask: exact resume.
+    """
+    _, length, width = x_BxLxD.shape
+    keep_BxLxD = fused_layer_norm.keep_mask(streams_Bx2, length, width, rate)
+    return x_BxLxD * keep_BxLxD.astype(x_BxLxD.dtype) / jnp.asarray(1.0 - rate, x_BxLxD.dtype)
+
+
+def _hashed_dropout_fwd(x_BxLxD, streams_Bx2, rate):
+    return _hashed_dropout(x_BxLxD, streams_Bx2, rate), streams_Bx2
+
+
+def _hashed_dropout_bwd(rate, streams_Bx2, g_BxLxD):
+    return _hashed_dropout(g_BxLxD, streams_Bx2, rate), None
+
+
+_hashed_dropout.defvjp(_hashed_dropout_fwd, _hashed_dropout_bwd)
+
+
 class Dropout(nn.Dropout):
     """Inverted dropout like `nn.Dropout`; same rate, same RNG stream name.
 
     `mask` (settled by `_dropout` from the config): "cpu", the XLA:CPU variant `_keep_mask`
     (half the random-number work of flax's); "bits16", `_keep_mask16` (16 bits per element,
     GPU programs: fewer bytes; the keep probability is then `keep_threshold16`'s);
-    "bernoulli", `jax.random.bernoulli` (TPU programs). Either way it is applied as
+    "hash", `_hashed_dropout` on [B, L, D] (GPU programs: no mask in memory; bernoulli for
+    other ranks); "bernoulli", `jax.random.bernoulli` (TPU programs). Either way it is applied as
     (inputs * mask) / keep probability, the same numbers as flax's select between inputs / keep_prob
     and zero, but a plain elementwise product, which XLA fuses into the neighbouring matmul
     and softmax (forward and backward) where the select kept a separate pass over the
     [B, H, L, L] attention probabilities.
     """
 
-    mask: str = "cpu"  # "cpu" (`_keep_mask`), "bits16" (`_keep_mask16`) or "bernoulli"
+    mask: str = "cpu"  # "cpu" (`_keep_mask`), "bits16" (`_keep_mask16`), "hash" or "bernoulli"
 
     @nn.compact
     def __call__(self, inputs, deterministic: bool | None = None, rng=None):
         deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
         if self.rate == 1.0 and not deterministic:
             return jnp.zeros_like(inputs)
+        if self.mask == "hash" and inputs.ndim == 3 and 0.0 < self.rate and not deterministic:
+            rng = self.make_rng(self.rng_collection) if rng is None else rng
+            return _hashed_dropout(inputs, fused_layer_norm.dropout_streams(rng, inputs.shape[0]), float(self.rate))
         keep, keep_prob = self.keep_mask(inputs.shape, deterministic, rng)
         if keep is None:
             return inputs
@@ -218,6 +247,9 @@ class Dropout(nn.Dropout):
             return _keep_mask(rng, keep_prob, shape), keep_prob
         if self.mask == "bits16":
             return _keep_mask16(rng, keep_prob, shape)
+        if self.mask == "hash" and len(shape) == 3:  # what `_hashed_dropout` applies
+            streams_Bx2 = fused_layer_norm.dropout_streams(rng, shape[0])
+            return fused_layer_norm.keep_mask(streams_Bx2, shape[1], shape[2], self.rate), keep_prob
         return jax.random.bernoulli(rng, p=keep_prob, shape=shape), keep_prob
 
 
@@ -287,8 +319,9 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       (`pallas_attention_applies`), jax.nn.dot_product_attention's XLA path elsewhere.
     - `embedding_grad="auto"`: the sorted segment sum on GPUs, where the scatter's atomics cost
       14.5 of BERT-base's 92.8 ms per step on an H100; XLA's scatter elsewhere.
-    - `dropout_mask="auto"`: 16-bit masks (`_keep_mask16`) on GPUs, where they move fewer
-      bytes; `jax.random.bernoulli` elsewhere (a TPU program estimated slower with them).
+    - `dropout_mask="auto"`: hashed masks (`_hashed_dropout`) on GPUs, where no mask is then
+      written (2.0 GiB less per BERT-base H100 step than 16-bit masks); `jax.random.bernoulli`
+      elsewhere (on a v5p-8 the hash was estimated 0.5% faster: not worth other masks there).
     - `attention="pallas"`: the kernel compiled by Triton on GPUs, `tpu_attention`'s (Mosaic) on
       TPUs, the GPU kernel run by Pallas' interpreter on CPUs; refused elsewhere.
     - `residual_norm="pallas"`: Triton on GPUs, the interpreter on CPUs; refused elsewhere.
@@ -318,7 +351,7 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
     if config.dropout_mask == "auto":
-        changes["dropout_mask"] = "bits16" if platform in ("gpu", "cuda") else "bernoulli"
+        changes["dropout_mask"] = "hash" if platform in ("gpu", "cuda") else "bernoulli"
     if config.fused_qkv == "auto":
         changes["fused_qkv"] = "always" if platform in ("gpu", "cuda") else "never"
     if config.gelu == "tanh" and platform in ("gpu", "cuda"):
@@ -382,9 +415,10 @@ def _output_bias(config: ModelConfig, logits_BxLxV, bias_V):
 
 
 def _dropout(config: ModelConfig, rate: float, attention: bool = False) -> Dropout:
-    """The dropout of `config`'s platform. 16-bit masks only for the hidden dropouts: over the
-    attention probabilities XLA:GPU wrote 576 MiB more per layer with them than with
-    `jax.random.bernoulli`, whose pred mask it writes directly (benchmarks/README.md)."""
+    """The dropout of `config`'s platform. `dropout_mask` only for the hidden dropouts: over the
+    attention probabilities (the written-out attention) XLA:GPU wrote 576 MiB more per layer with
+    16-bit masks than with `jax.random.bernoulli`, whose pred mask it writes directly
+    (benchmarks/README.md); the Pallas kernels draw theirs inside."""
     if _uses_cpu_variants(config):
         return Dropout(rate, mask="cpu")
     return Dropout(rate, mask="bernoulli" if attention else _settled(config).dropout_mask)

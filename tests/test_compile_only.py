@@ -302,6 +302,36 @@ def test_an_h100_step_computes_the_tanh_gelu_in_the_matmuls():
     assert tanh["launches"] < erf["launches"] and tanh["bytes"] < erf["bytes"], report
 
 
+_COMPILE_GPU_DROPOUT = """
+import json, math, re, sys
+from pmi_jax import compile_only, hlo
+from pmi_jax.config import apply_overrides, load_config
+out = {}
+for mask in ("auto", "bits16"):
+    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + [f"model.dropout_mask={mask}"])
+    report, compiled = compile_only.compile_train_step(config, "h100")
+    module = hlo.parse(compiled.as_text())
+    hidden = config.train.batch_size * config.data.seq_len * config.model.hidden_size
+    masks = [i.name for _, i in hlo.kernels(module)
+             for dims in re.findall(r"(?:pred|u32)\\[([0-9,]+)\\]", i.shape)
+             if dims.endswith(f",{config.model.hidden_size}") and math.prod(map(int, dims.split(","))) >= hidden // 4]
+    out[mask] = {"bytes": report.hlo_bytes, "mask_kernels": masks}
+print(json.dumps(out))
+"""
+
+
+@needs_cuda_plugin
+def test_an_h100_step_writes_no_hidden_dropout_mask():
+    """The GPU programs' hidden dropout (`dropout_mask=auto`: hash) is computed in the kernels that
+    apply it: no kernel writes a bool or uint32 array over the hidden axis of a quarter of the
+    hidden states' entries or more, where 16-bit threefry masks (`bits16`) are written ahead, and
+    the step moves fewer bytes."""
+    report = _last_json(_COMPILE_GPU_DROPOUT, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
+                        _cuda_env())
+    assert report["auto"]["mask_kernels"] == [] and report["bits16"]["mask_kernels"], report
+    assert report["auto"]["bytes"] < report["bits16"]["bytes"], report
+
+
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():
     if HAS_CUDA_PLUGIN and importlib.util.find_spec("jax_cuda12_plugin") is not None:
         pytest.skip("the CUDA plugin is importable here: the command would compile")

@@ -40,7 +40,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     # The residual LayerNorm's forms, and ours against the XLA path with its mask, as
     # tests/test_fused_layer_norm.py checks.
     record = results.pop(0)
-    assert len(record["forms"]) == 4 and all(f.get("ms_fwd_bwd", 0) > 0 for f in record["forms"].values()), record
+    assert len(record["forms"]) == 5 and all(f.get("ms_fwd_bwd", 0) > 0 for f in record["forms"].values()), record
     same_mask = record["ours_vs_reference_same_mask"]
     assert set(same_mask["ours"]) == {"y", "da", "dbias", "dx", "dscale", "doffset"}, same_mask
     for name, error in same_mask["ours"].items():

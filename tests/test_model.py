@@ -236,6 +236,40 @@ def test_accelerator_dropout_mask_has_its_16_bit_keep_rate_and_independent_quadr
     assert p_odd == p and abs(np.asarray(odd).mean() - p) < 4 * np.sqrt(p * (1 - p) / odd.size)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_hashed_dropout_applies_the_fused_kernels_rule_and_redraws_it_backward(dtype):
+    """GPU programs' hidden dropout (`mask="hash"`, `model._hashed_dropout`): the mask is
+    `fused_layer_norm.keep_mask` on streams of the module's key (its keep rate and independence:
+    tests/test_fused_layer_norm.py), applied as x * keep / 0.9; the backward pass, which redraws
+    the mask from the streams, gives g * keep / 0.9 bit for bit. Same key, same mask; another
+    key, another; without dropout, x itself."""
+    from pmi_jax import fused_layer_norm
+    from pmi_jax.model import Dropout
+
+    x_BxLxD = jax.random.normal(jax.random.key(0), (4, 96, 80), dtype)
+    g_BxLxD = jax.random.normal(jax.random.key(1), x_BxLxD.shape, dtype)
+    module = Dropout(0.1, mask="hash")
+
+    def apply(x, key=2):
+        return module.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(key)})
+
+    keep, keep_prob = module.apply({}, x_BxLxD.shape, deterministic=False, rngs={"dropout": jax.random.key(2)},
+                                   method=Dropout.keep_mask)
+    key = module.apply({}, method=lambda m: m.make_rng("dropout"), rngs={"dropout": jax.random.key(2)})
+    rule = fused_layer_norm.keep_mask(fused_layer_norm.dropout_streams(key, 4), 96, 80, 0.1)
+    np.testing.assert_array_equal(np.asarray(keep), np.asarray(rule))
+    assert keep_prob == 0.9 and 0.85 < float(jnp.mean(keep)) < 0.95
+    expected = x_BxLxD * keep.astype(dtype) / jnp.asarray(0.9, dtype)
+    y, vjp = jax.vjp(apply, x_BxLxD)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(expected, np.float32))
+    expected_dx = g_BxLxD * keep.astype(dtype) / jnp.asarray(0.9, dtype)
+    np.testing.assert_array_equal(np.asarray(vjp(g_BxLxD)[0], np.float32), np.asarray(expected_dx, np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(apply)(x_BxLxD), np.float32), np.asarray(y, np.float32))
+    assert np.mean(np.asarray(apply(x_BxLxD, key=3) != y)) > 0.1
+    same = module.apply({}, x_BxLxD, deterministic=True)
+    np.testing.assert_array_equal(np.asarray(same, np.float32), np.asarray(x_BxLxD, np.float32))
+
+
 def test_accelerator_dropout_scales_by_the_realised_keep_probability():
     """Dropout with 16-bit masks keeps x / (58982 / 2^16) (float32) or zero; its mean over
     many entries is x within 4 s.e. (s.e. of the mean of x * Bernoulli(p) / p is sqrt((1-p)/(p n)))."""
@@ -434,7 +468,7 @@ def test_cpu_variants_are_settled_by_the_programs_platform():
     assert for_platform(CONFIG, "cpu").xla_cpu_variants == "always"
     assert for_platform(CONFIG, "tpu").xla_cpu_variants == "never"
     assert for_platform(CONFIG, "gpu").xla_cpu_variants == "never"
-    assert [for_platform(CONFIG, p).dropout_mask for p in ("cpu", "tpu", "gpu")] == ["bernoulli", "bernoulli", "bits16"]
+    assert [for_platform(CONFIG, p).dropout_mask for p in ("cpu", "tpu", "gpu")] == ["bernoulli", "bernoulli", "hash"]
     assert for_platform(dataclasses.replace(CONFIG, dropout_mask="bernoulli"), "gpu").dropout_mask == "bernoulli"
     for explicit in ("always", "never"):
         assert for_platform(dataclasses.replace(CONFIG, xla_cpu_variants=explicit), "tpu").xla_cpu_variants == explicit

@@ -210,15 +210,17 @@ def test_sigkill_and_sigterm_then_resume_repeat_the_uninterrupted_losses_exactly
     assert _validation(workdir) == _validation(reference)
 
 
-def test_16_bit_dropout_masks_resume_exactly_and_do_not_depend_on_the_mesh(tmp_path):
-    """xla_cpu_variants=never, dropout_mask=bits16: the GPU programs' dropout (`model._keep_mask16`) on CPU.
+@pytest.mark.parametrize("mask", ["hash", "bits16"])
+def test_accelerator_dropout_masks_resume_exactly_and_do_not_depend_on_the_mesh(tmp_path, mask):
+    """xla_cpu_variants=never, dropout_mask=hash (the GPU programs' dropout, `model._hashed_dropout`)
+    or bits16 (`model._keep_mask16`, theirs until 2026-11-28) on CPU.
     4 steps on a (data=4, model=2) mesh, then the same run resumed from its step-2 checkpoint
     (step 4's removed, the metrics log emptied): steps 3 and 4 log bitwise the same losses. On
     one device the losses agree to 1e-5 (another summation order, the same masks: a mask that
     followed the sharding would move them by more than dropout's noise)."""
     import shutil
 
-    overrides = ["model.xla_cpu_variants=never", "model.dropout_mask=bits16", "train.num_steps=4",
+    overrides = ["model.xla_cpu_variants=never", f"model.dropout_mask={mask}", "train.num_steps=4",
                  "checkpoint.every_steps=2"]
     _, whole = _run(tmp_path, "whole", *overrides, "mesh.data=4", "mesh.model=2")
     resumed = str(tmp_path / "resumed")
