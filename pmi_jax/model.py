@@ -873,8 +873,8 @@ def _gather_positions(x_BxLxD, positions_BxP):
 
     The gather's own gradient scatters into a zero [B, L, D] array, which XLA:GPU kept in memory
     and shared with every dropout's select: each layer read 24 MiB of zeros forward and backward
-    (BERT-base at 32 x 512; benchmarks/README.md, "The gathered head's gradient"). A one-hot
-    product is exact (one term per entry, or a sum where a position repeats) and fuses nothing.
+    (BERT-base at 32 x 512; benchmarks/README.md, "The gathered head's gradient"). The one-hot
+    product is exact: one row of g per entry, or their sum where a position repeats.
     """
     return jnp.take_along_axis(x_BxLxD, positions_BxP[..., None], axis=1)
 
