@@ -527,7 +527,7 @@ def layer_norm_kernels(platform: str | None, repeats: int = 20) -> dict:
 
     forms = {"xla, dropout 0.1 (the model's path)": xla(
                  lambda h: dropout.apply({}, h, deterministic=False, rngs={"dropout": keys[3]})),
-             "xla, dropout 0.1, 16-bit masks (the GPU default before the hash)": xla(
+             "xla, dropout 0.1, bits16 (GPU default before hash)": xla(
                  lambda h: Dropout(0.1, mask="bits16").apply({}, h, deterministic=False, rngs={"dropout": keys[3]})),
              "xla, no dropout": xla(lambda h: h),
              f"ours, dropout 0.1, {fused_layer_norm.MAX_ROWS} rows a program": ours(0.1)}
@@ -570,10 +570,10 @@ def gelu_kernels(platform: str | None, repeats: int = 20) -> dict:
             "ours_vs_reference_same_mask": _errors_against_float32(
                 lambda v: model._gelu_f32("erf", v), {"erf": forms["erf (model._gelu)"], "erfc": erfc_form},
                 (x,), g, ("y", "dx")),
-            "with_matmul": _gelu_after_matmul(shape, repeats if on_gpu else 3)}
+            "with_matmul": _gelu_after_matmul(shape, 768 if on_gpu else 32, repeats if on_gpu else 3)}
 
 
-def _gelu_after_matmul(shape: tuple, repeats: int) -> dict:
+def _gelu_after_matmul(shape: tuple, d: int, repeats: int) -> dict:
     """GELU(x W + b) as the feed-forward block's first half computes it, forward and backward: the
     tanh form written for cuBLAS's epilogue (`model.gelu=tanh` on GPUs) beside the erf form and
     the float32 tanh formula, each against float32."""
@@ -583,7 +583,6 @@ def _gelu_after_matmul(shape: tuple, repeats: int) -> dict:
     from pmi_jax import model
 
     b, length, f = shape
-    d = 768 if f == 3072 else f // 3
     keys = jax.random.split(jax.random.key(1), 4)
     x = jax.random.normal(keys[0], (b * length, d), jnp.float32).astype(jnp.bfloat16)
     w = (jax.random.normal(keys[1], (d, f), jnp.float32) * 0.02 * 3).astype(jnp.bfloat16)
@@ -756,15 +755,19 @@ def _write(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def _errors_text(errors: dict) -> str:
+    """`_errors_against_float32`'s record in one line: each candidate's errors, or why there are none."""
+    return "; ".join(f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict)
+                                  else errs) for who, errs in errors.items())
+
+
 def _matmul_lines(record: dict | None) -> list[str]:
     if not record:
         return []
     return [f"{'':<32}after the matmul {record['shape']}: " + "; ".join(
         f"{name} " + (f"{f['ms_fwd_bwd']:.3f} ms" if "ms_fwd_bwd" in f else f["error"])
         for name, f in record["forms"].items()),
-        f"{'':<32}against float32 (max error / max): " + "; ".join(
-            f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
-            for who, errs in record["against_float32"].items())]
+        f"{'':<32}against float32 (max error / max): " + _errors_text(record["against_float32"])]
 
 
 def _line(r: dict) -> str:
@@ -774,9 +777,8 @@ def _line(r: dict) -> str:
         return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
             f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
             for name, f in r["forms"].items()] + [
-            f"{'':<32}against float32, same mask (max error / max): " + "; ".join(
-                f"{who} " + (", ".join(f"{n} {e:.1e}" for n, e in errs.items()) if isinstance(errs, dict) else errs)
-                for who, errs in r["ours_vs_reference_same_mask"].items())] + _matmul_lines(r.get("with_matmul")))
+            f"{'':<32}against float32, same mask (max error / max): " + _errors_text(r["ours_vs_reference_same_mask"])]
+            + _matmul_lines(r.get("with_matmul")))
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"

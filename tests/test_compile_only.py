@@ -275,61 +275,53 @@ def test_an_h100_step_takes_the_gradient_norm_in_few_kernels():
     assert grouped["bytes"] == pytest.approx(optax_norm["bytes"], rel=0.01), report
 
 
-_COMPILE_GPU_GELU = """
-import json, re, sys
-from pmi_jax import compile_only, hlo
-from pmi_jax.config import apply_overrides, load_config
-out = {}
-for gelu in ("erf", "tanh"):
-    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + [f"model.gelu={gelu}"])
-    report, compiled = compile_only.compile_train_step(config, "h100")
-    text = compiled.as_text()
-    out[gelu] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
-                 "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text))}
-print(json.dumps(out))
-"""
-
-
-@needs_cuda_plugin
-def test_an_h100_step_computes_the_tanh_gelu_in_the_matmuls():
-    """With `model.gelu=tanh` cuBLAS computes each GELU in the epilogue of the matmul before it
-    (tiny's two feed-forward blocks and the MLM head's transform): no GELU kernel of its own, so
-    fewer launches and bytes than the erf GELU, which cuBLAS has no epilogue for."""
-    report = _last_json(_COMPILE_GPU_GELU, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
-                        _cuda_env())
-    erf, tanh = report["erf"], report["tanh"]
-    assert (erf["gelu_epilogues"], tanh["gelu_epilogues"]) == (0, 3), report
-    assert tanh["launches"] < erf["launches"] and tanh["bytes"] < erf["bytes"], report
-
-
-_COMPILE_GPU_DROPOUT = """
+_COMPILE_GPU_CHOICES = """
 import json, math, re, sys
 from pmi_jax import compile_only, hlo
 from pmi_jax.config import apply_overrides, load_config
 out = {}
-for mask in ("auto", "bits16"):
-    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + [f"model.dropout_mask={mask}"])
+for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", ["model.dropout_mask=bits16"])):
+    config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + change)
     report, compiled = compile_only.compile_train_step(config, "h100")
-    module = hlo.parse(compiled.as_text())
+    text = compiled.as_text()
     hidden = config.train.batch_size * config.data.seq_len * config.model.hidden_size
-    masks = [i.name for _, i in hlo.kernels(module)
+    masks = [i.name for _, i in hlo.kernels(hlo.parse(text))
              for dims in re.findall(r"(?:pred|u32)\\[([0-9,]+)\\]", i.shape)
              if dims.endswith(f",{config.model.hidden_size}") and math.prod(map(int, dims.split(","))) >= hidden // 4]
-    out[mask] = {"bytes": report.hlo_bytes, "mask_kernels": masks}
+    out[name] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
+                 "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text)), "mask_kernels": masks}
 print(json.dumps(out))
 """
 
 
+@pytest.fixture(scope="module")
+def h100_choices():
+    """tiny's H100 step without attention dropout as settled (erf GELU, hashed hidden dropout),
+    with `model.gelu=tanh` and with `model.dropout_mask=bits16`: bytes, launches, GELU epilogues
+    and the kernels writing a hidden-dropout-sized bool or uint32 array, compiled once for both tests."""
+    return _last_json(_COMPILE_GPU_CHOICES, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
+                      _cuda_env())
+
+
 @needs_cuda_plugin
-def test_an_h100_step_writes_no_hidden_dropout_mask():
+def test_an_h100_step_computes_the_tanh_gelu_in_the_matmuls(h100_choices):
+    """With `model.gelu=tanh` cuBLAS computes each GELU in the epilogue of the matmul before it
+    (tiny's two feed-forward blocks and the MLM head's transform): no GELU kernel of its own, so
+    fewer launches and bytes than the erf GELU, which cuBLAS has no epilogue for."""
+    erf, tanh = h100_choices["default"], h100_choices["tanh"]
+    assert (erf["gelu_epilogues"], tanh["gelu_epilogues"]) == (0, 3), h100_choices
+    assert tanh["launches"] < erf["launches"] and tanh["bytes"] < erf["bytes"], h100_choices
+
+
+@needs_cuda_plugin
+def test_an_h100_step_writes_no_hidden_dropout_mask(h100_choices):
     """The GPU programs' hidden dropout (`dropout_mask=auto`: hash) is computed in the kernels that
     apply it: no kernel writes a bool or uint32 array over the hidden axis of a quarter of the
     hidden states' entries or more, where 16-bit threefry masks (`bits16`) are written ahead, and
     the step moves fewer bytes."""
-    report = _last_json(_COMPILE_GPU_DROPOUT, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
-                        _cuda_env())
-    assert report["auto"]["mask_kernels"] == [] and report["bits16"]["mask_kernels"], report
-    assert report["auto"]["bytes"] < report["bits16"]["bytes"], report
+    hashed, bits16 = h100_choices["default"], h100_choices["bits16"]
+    assert hashed["mask_kernels"] == [] and bits16["mask_kernels"], h100_choices
+    assert hashed["bytes"] < bits16["bytes"], h100_choices
 
 
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():
