@@ -36,6 +36,7 @@ VARIANTS = {  # gpu_step.py's names
     "base-512-attn0-pallas": ("base", ("model.attention_dropout_rate=0", "model.attention=pallas")),
     "base-512-paper-gelu-tanh": ("base", ("model.gelu=tanh",)),
     "base-512-paper-bits16": ("base", ("model.dropout_mask=bits16",)),
+    "base-512-paper-decoder32": ("base", ("model.decoder_grad=float32",)),
     "base-512-attn0-fln": ("base", ("model.attention_dropout_rate=0", "model.residual_norm=pallas")),
     "base-512-paper-fln": ("base", ("model.residual_norm=pallas",)),
     "base-512-paper-written": ("base", ("model.attention=xla",)),

@@ -126,6 +126,8 @@ GPU_PLAN = (
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),
     Variant("base-512-paper-gemm-fusion-2", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=2",)),
     Variant("base-512-paper-gelu-tanh", overrides=("model.gelu=tanh",)),
+    # The tied decoder's backward on autodiff's float32 logit gradient, the GPU default before 2026-11-28.
+    Variant("base-512-paper-decoder32", overrides=("model.decoder_grad=float32",)),
     Variant("base-512-attn0-b64", batch_per_device=64, overrides=NO_ATTN_DROPOUT),
     Variant("base-512-paper-gemm-fusion-3", xla_flags=("--xla_gpu_cudnn_gemm_fusion_level=3",)),
 )
@@ -641,7 +643,7 @@ def run_variant(variant: Variant, steps: int, timed_s: float, platform: str, hlo
               "attention": (settled.attention if settled.attention_dropout_rate == 0 or "pallas" in settled.attention
                             else "written out (dropout)"),
               "embedding_grad": settled.embedding_grad, "residual_norm": settled.residual_norm,
-              "fused_qkv": settled.fused_qkv, "jax": jax.__version__}
+              "fused_qkv": settled.fused_qkv, "decoder_grad": settled.decoder_grad, "jax": jax.__version__}
     mesh = partitioning.make_mesh(config.mesh, devices)
     with partitioning.activate(mesh, config.mesh):
         program = train.build_program(config, mesh)

@@ -42,6 +42,7 @@ XLA_CPU_VARIANTS = ("cpu", "always", "never")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 PALLAS_ATTENTION = ("pallas", "pallas-triton", "pallas-mosaic", "pallas-interpret")
 EMBEDDING_GRADS = ("auto", "scatter", "sorted")
+DECODER_GRADS = ("auto", "float32", "compute")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16", "hash")
 GELUS = ("erf", "tanh", "tanh-epilogue")
 FUSED_QKV = ("auto", "always", "never")
@@ -105,6 +106,12 @@ class ModelConfig:
     # gradient, atomics on GPUs), "sorted" (the token ids sorted, then a sorted segment sum),
     # or "auto": sorted on GPUs, scatter elsewhere (benchmarks/README.md, "GPU").
     embedding_grad: str = "auto"
+    # Gradient of the tied decoder's float32 logits in its two backward matmuls: "float32"
+    # (autodiff's; XLA:GPU then runs both on the float32 table, TF32 on an H100), "compute"
+    # (rounded once to the compute dtype: `pmi_jax.model._tied_logits`), or "auto": compute in GPU
+    # programs, float32 elsewhere (a TPU reads the float32 gradient into its bf16 matmuls without
+    # writing it; benchmarks/README.md, "The tied decoder's gradient").
+    decoder_grad: str = "auto"
     # GELU form: "erf" (exact; transformers' BertModel, so exports give the same numbers) or
     # "tanh" (the approximation of google-research/bert's modeling.py; within 4.7e-4 of erf,
     # cheaper on some accelerators, but an exported model then computes slightly differently).
@@ -170,6 +177,9 @@ class ModelConfig:
         if self.embedding_grad not in EMBEDDING_GRADS:
             raise UserInputError(f"model.embedding_grad={self.embedding_grad!r}: expected one of "
                                  f"{', '.join(EMBEDDING_GRADS)}")
+        if self.decoder_grad not in DECODER_GRADS:
+            raise UserInputError(f"model.decoder_grad={self.decoder_grad!r}: expected one of "
+                                 f"{', '.join(DECODER_GRADS)}")
         if self.residual_norm not in RESIDUAL_NORMS:
             raise UserInputError(f"model.residual_norm={self.residual_norm!r}: expected one of "
                                  f"{', '.join(RESIDUAL_NORMS)}")

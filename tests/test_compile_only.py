@@ -288,8 +288,14 @@ for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", 
     masks = [i.name for _, i in hlo.kernels(hlo.parse(text))
              for dims in re.findall(r"(?:pred|u32)\\[([0-9,]+)\\]", i.shape)
              if dims.endswith(f",{config.model.hidden_size}") and math.prod(map(int, dims.split(","))) >= hidden // 4]
+    module, vocab = hlo.parse(text), str(config.model.padded_vocab_size)
+    f32_vocab_gemms = [i.name for c, i in hlo.kernels(module) if re.search("cublas|gemm", i.target)
+                       for shape in map(lambda o: module.shape_of(c, o), i.operands)
+                       if shape.startswith("f32[") and vocab in (dims := shape[4:].split("]")[0].split(","))
+                       and len(dims) > 1]  # (the forward's float32 output bias is a vector)
     out[name] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
-                 "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text)), "mask_kernels": masks}
+                 "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text)), "mask_kernels": masks,
+                 "f32_vocab_gemms": f32_vocab_gemms}
 print(json.dumps(out))
 """
 
@@ -322,6 +328,15 @@ def test_an_h100_step_writes_no_hidden_dropout_mask(h100_choices):
     hashed, bits16 = h100_choices["default"], h100_choices["bits16"]
     assert hashed["mask_kernels"] == [] and bits16["mask_kernels"], h100_choices
     assert hashed["bytes"] < bits16["bytes"], h100_choices
+
+
+@needs_cuda_plugin
+def test_an_h100_step_differentiates_the_tied_decoder_in_bf16(h100_choices):
+    """The MLM decoder's float32 logits are differentiated in the compute dtype (`model._tied_logits`):
+    no matmul of the step reads a float32 matrix over the vocabulary, where autodiff's float32
+    logit gradient made XLA:GPU run both backward products in float32 on the float32 table (two
+    such matmuls with `model.decoder_grad=float32`)."""
+    assert all(choice["f32_vocab_gemms"] == [] for choice in h100_choices.values()), h100_choices
 
 
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():

@@ -60,6 +60,8 @@ def test_model_config_checks_itself():
         apply_overrides(_config(), ["model.dtype=float16"])
     with pytest.raises(UserInputError, match="model.dropout_mask='bits8': expected one of auto, bernoulli, bits16"):
         apply_overrides(_config(), ["model.dropout_mask=bits8"])
+    with pytest.raises(UserInputError, match="model.decoder_grad='bf16': expected one of auto, float32, compute"):
+        apply_overrides(_config(), ["model.decoder_grad=bf16"])
 
 
 @pytest.mark.parametrize("override, message", [

@@ -353,6 +353,74 @@ def test_gathered_heads_gradient_is_the_gathers_gradient(dtype):
     assert not ours[2, [1, 2, 3, 5, 7, 8, 11]].any()
 
 
+def test_tied_logits_are_differentiated_in_the_compute_dtype():
+    """The MLM decoder's float32 logits from bf16 inputs, with the logit gradient rounded once to
+    bf16 for the backward products: the values are the float32 product's; the input gradient is
+    bf16 and the table's float32, both within the rounding of the logit gradient (2^-9 relative per
+    entry) of the exact float64 gradients, as autodiff's float32 gradients are."""
+    from pmi_jax.model import _tied_logits
+
+    x_BxPxD = jax.random.normal(jax.random.key(0), (3, 5, 32), jnp.bfloat16)
+    table_VxD = jax.random.normal(jax.random.key(1), (97, 32), jnp.float32)
+    g_BxPxV = jax.random.normal(jax.random.key(2), (3, 5, 97), jnp.float32)
+    x64, t64, g64 = (np.asarray(a, np.float64) for a in (x_BxPxD, table_VxD.astype(jnp.bfloat16), g_BxPxV))
+
+    logits, vjp = jax.vjp(_tied_logits, x_BxPxD, table_VxD)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(logits), x64 @ t64.T, rtol=1e-6, atol=1e-5)
+    dx, dtable = vjp(g_BxPxV)
+    assert (dx.dtype, dtable.dtype) == (jnp.bfloat16, jnp.float32)
+    exact_dx, exact_dtable = g64 @ t64, np.einsum("bpv,bpd->vd", g64, x64)
+
+    def plain(x, table):
+        return jnp.matmul(x, table.astype(x.dtype).T, preferred_element_type=jnp.float32)
+
+    autodiff_dx, autodiff_dtable = jax.vjp(plain, x_BxPxD, table_VxD)[1](g_BxPxV)
+    for ours, autodiff, exact in ((dx, autodiff_dx, exact_dx), (dtable, autodiff_dtable, exact_dtable)):
+        scale = np.abs(exact).max()
+        # Each entry sums 97 (dx) or 15 (dtable) products whose g was rounded by at most 2^-9 of
+        # itself; dx is rounded once more to bf16. 1% of the largest entry is several such bounds.
+        assert np.abs(np.asarray(ours, np.float64) - exact).max() < 1e-2 * scale
+        assert np.abs(np.asarray(autodiff, np.float64) - exact).max() < 1e-2 * scale
+    # The table's gradient is float32 accumulated from bf16 operands: its error is g's rounding only.
+    np.testing.assert_allclose(np.asarray(dtable), np.einsum(
+        "bpv,bpd->vd", np.asarray(g_BxPxV.astype(jnp.bfloat16), np.float64), x64), rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_grad_compute_changes_the_gradients_by_rounding_only():
+    """`model.decoder_grad=compute` (GPU programs' choice) against autodiff's float32 logit
+    gradient, through the whole bf16 model: the same loss, and each parameter's gradient within
+    2% of its norm (about five bf16 roundings, 2^-8 each: the logit gradient's, carried back
+    through bf16 activations; 0.6% at most here), yet not the same gradients: the choice takes
+    effect. The key biases are left out: their exact gradient is zero (softmax ignores a shift
+    per query), so what both give is rounding noise."""
+    import dataclasses
+
+    ids, mask, types = _inputs()
+    base = dataclasses.replace(CONFIG, dtype="bfloat16", xla_cpu_variants="never")
+    _, params = _init(base)
+
+    def grads(choice):
+        model = BertForMaskedLM(dataclasses.replace(base, decoder_grad=choice))
+
+        def loss(p):
+            logits = model.apply({"params": p}, ids, mask, types, deterministic=True)
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., 7])
+
+        return jax.value_and_grad(loss)(params)
+
+    (loss32, g32), (loss16, g16) = grads("float32"), grads("compute")
+    assert float(loss32) == float(loss16)
+    leaves32, leaves16 = jax.tree_util.tree_leaves_with_path(g32), jax.tree.leaves(g16)
+    assert all(a.dtype == b.dtype == jnp.float32 for (_, a), b in zip(leaves32, leaves16))
+    for (path, a), b in zip(leaves32, leaves16):
+        name = jax.tree_util.keystr(path)
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if "['key']['bias']" not in name:
+            assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(a), name
+    assert any(not np.array_equal(a, b) for (_, a), b in zip(leaves32, leaves16))
+
+
 def test_padded_vocabulary_rows_never_take_probability():
     import dataclasses
 

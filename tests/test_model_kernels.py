@@ -63,6 +63,8 @@ def test_explicit_choices_are_kept_and_impossible_ones_refused():
     assert for_platform(CONFIG, "gpu").embedding_grad == "sorted"
     assert for_platform(CONFIG, "tpu").embedding_grad == "scatter"
     assert for_platform(CONFIG, "cpu").embedding_grad == "scatter"
+    assert [for_platform(CONFIG, p).decoder_grad for p in ("gpu", "tpu", "cpu")] == ["compute", "float32", "float32"]
+    assert for_platform(dataclasses.replace(CONFIG, decoder_grad="float32"), "gpu").decoder_grad == "float32"
     with pytest.raises(UserInputError, match="attention_dropout_rate=0"):
         dataclasses.replace(CONFIG, attention="cudnn", attention_dropout_rate=0.1)
     with pytest.raises(UserInputError, match="dtype=bfloat16"):
