@@ -471,7 +471,8 @@ class BertEmbeddings(nn.Module):
         """Float32 logits [..., padded V] against the word embeddings: the MLM decoder tied to the inputs.
 
         Inputs are in the compute dtype; accumulation and output are float32 so that the
-        softmax over ~30k entries does not lose the small logits to bf16 rounding. The
+        softmax over ~30k entries does not lose the small logits to bf16 rounding; their
+        gradient's dtype in the backward matmuls is `decoder_grad`'s (`_tied_logits`). The
         padding rows are excluded by the output bias (`BertForMaskedLM.predict`).
         """
         table_VxD = self.word.embedding
