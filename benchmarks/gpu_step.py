@@ -763,12 +763,16 @@ def _errors_text(errors: dict) -> str:
                                   else errs) for who, errs in errors.items())
 
 
+def _form_time(form: dict, width: int = 0) -> str:
+    """A timed form's milliseconds forward and backward, or why it has none."""
+    return f"{form['ms_fwd_bwd']:{width}.3f} ms" if "ms_fwd_bwd" in form else form["error"]
+
+
 def _matmul_lines(record: dict | None) -> list[str]:
     if not record:
         return []
     return [f"{'':<32}after the matmul {record['shape']}: " + "; ".join(
-        f"{name} " + (f"{f['ms_fwd_bwd']:.3f} ms" if "ms_fwd_bwd" in f else f["error"])
-        for name, f in record["forms"].items()),
+        f"{name} {_form_time(f)}" for name, f in record["forms"].items()),
         f"{'':<32}against float32 (max error / max): " + _errors_text(record["against_float32"])]
 
 
@@ -777,8 +781,7 @@ def _line(r: dict) -> str:
         return f"{r['variant']:<30} {r.get('error') or r.get('skipped')}"
     if r["variant"] in (KERNELS.name, NORMS.name, GELUS.name):
         return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
-            f"{'':<32}{name:<52} " + (f"{f['ms_fwd_bwd']:8.3f} ms" if "ms_fwd_bwd" in f else f["error"])
-            for name, f in r["forms"].items()] + [
+            f"{'':<32}{name:<52} {_form_time(f, 8)}" for name, f in r["forms"].items()] + [
             f"{'':<32}against float32, same mask (max error / max): " + _errors_text(r["ours_vs_reference_same_mask"])]
             + _matmul_lines(r.get("with_matmul")))
     if r["variant"] == CHECK.name:

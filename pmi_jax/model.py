@@ -335,7 +335,7 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
       float32 elsewhere (a v5p-8 fuses that gradient into its matmuls; estimated 0.1% faster).
     Other explicit choices are kept.
     """
-    changes = {}
+    changes, gpu = {}, platform in ("gpu", "cuda")
     if config.xla_cpu_variants == "cpu":
         changes["xla_cpu_variants"] = "always" if platform == "cpu" else "never"
     if config.attention == "auto":
@@ -352,14 +352,14 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
                                  "takes model.residual_norm=xla")
         changes["residual_norm"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
     if config.embedding_grad == "auto":
-        changes["embedding_grad"] = "sorted" if platform in ("gpu", "cuda") else "scatter"
+        changes["embedding_grad"] = "sorted" if gpu else "scatter"
     if config.dropout_mask == "auto":
-        changes["dropout_mask"] = "hash" if platform in ("gpu", "cuda") else "bernoulli"
+        changes["dropout_mask"] = "hash" if gpu else "bernoulli"
     if config.fused_qkv == "auto":
-        changes["fused_qkv"] = "always" if platform in ("gpu", "cuda") else "never"
+        changes["fused_qkv"] = "always" if gpu else "never"
     if config.decoder_grad == "auto":
-        changes["decoder_grad"] = "compute" if platform in ("gpu", "cuda") else "float32"
-    if config.gelu == "tanh" and platform in ("gpu", "cuda"):
+        changes["decoder_grad"] = "compute" if gpu else "float32"
+    if config.gelu == "tanh" and gpu:
         changes["gelu"] = "tanh-epilogue"
     return dataclasses.replace(config, **changes) if changes else config
 
@@ -480,7 +480,12 @@ class BertEmbeddings(nn.Module):
             return x_BxLxD @ table_VxD.T  # (a preferred type, even float32, slows XLA:CPU's dot)
         if _settled(self.config).decoder_grad == "compute":
             return _tied_logits(x_BxLxD, table_VxD)
-        return jnp.matmul(x_BxLxD, table_VxD.astype(x_BxLxD.dtype).T, preferred_element_type=jnp.float32)
+        return _logits_f32(x_BxLxD, table_VxD)
+
+
+def _logits_f32(x_BxPxD, table_VxD):
+    """x (compute dtype) against the float32 table cast to it, accumulated and returned in float32."""
+    return jnp.matmul(x_BxPxD, table_VxD.astype(x_BxPxD.dtype).T, preferred_element_type=jnp.float32)
 
 
 @jax.custom_vjp
@@ -493,7 +498,7 @@ def _tied_logits(x_BxPxD, table_VxD):
     gradient is rounded once to the compute dtype, as every other cotangent of the model is; the
     table's gradient is still accumulated and returned in float32.
     """
-    return jnp.matmul(x_BxPxD, table_VxD.astype(x_BxPxD.dtype).T, preferred_element_type=jnp.float32)
+    return _logits_f32(x_BxPxD, table_VxD)
 
 
 def _tied_logits_fwd(x_BxPxD, table_VxD):

@@ -358,7 +358,7 @@ def test_tied_logits_are_differentiated_in_the_compute_dtype():
     bf16 for the backward products: the values are the float32 product's; the input gradient is
     bf16 and the table's float32, both within the rounding of the logit gradient (2^-9 relative per
     entry) of the exact float64 gradients, as autodiff's float32 gradients are."""
-    from pmi_jax.model import _tied_logits
+    from pmi_jax.model import _logits_f32, _tied_logits
 
     x_BxPxD = jax.random.normal(jax.random.key(0), (3, 5, 32), jnp.bfloat16)
     table_VxD = jax.random.normal(jax.random.key(1), (97, 32), jnp.float32)
@@ -372,10 +372,7 @@ def test_tied_logits_are_differentiated_in_the_compute_dtype():
     assert (dx.dtype, dtable.dtype) == (jnp.bfloat16, jnp.float32)
     exact_dx, exact_dtable = g64 @ t64, np.einsum("bpv,bpd->vd", g64, x64)
 
-    def plain(x, table):
-        return jnp.matmul(x, table.astype(x.dtype).T, preferred_element_type=jnp.float32)
-
-    autodiff_dx, autodiff_dtable = jax.vjp(plain, x_BxPxD, table_VxD)[1](g_BxPxV)
+    autodiff_dx, autodiff_dtable = jax.vjp(_logits_f32, x_BxPxD, table_VxD)[1](g_BxPxV)
     for ours, autodiff, exact in ((dx, autodiff_dx, exact_dx), (dtable, autodiff_dtable, exact_dtable)):
         scale = np.abs(exact).max()
         # Each entry sums 97 (dx) or 15 (dtable) products whose g was rounded by at most 2^-9 of
