@@ -284,12 +284,12 @@ for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", 
     config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + change)
     report, compiled = compile_only.compile_train_step(config, "h100")
     text = compiled.as_text()
+    module, vocab = hlo.parse(text), str(config.model.padded_vocab_size)
     hidden = config.train.batch_size * config.data.seq_len * config.model.hidden_size
-    masks = [i.name for _, i in hlo.kernels(hlo.parse(text))
+    masks = [i.name for _, i in hlo.kernels(module)
              for dims in re.findall(r"(?:pred|u32)\\[([0-9,]+)\\]", i.shape)
              if dims.endswith(f",{config.model.hidden_size}") and math.prod(map(int, dims.split(","))) >= hidden // 4]
-    module, vocab = hlo.parse(text), str(config.model.padded_vocab_size)
-    f32_vocab_gemms = [i.name for c, i in hlo.kernels(module) if re.search("cublas|gemm", i.target)
+    f32_vocab_gemms = [i.name for c, i in hlo.kernels(module) if hlo.category(module, i) == "matmul"
                        for shape in map(lambda o: module.shape_of(c, o), i.operands)
                        if shape.startswith("f32[") and vocab in (dims := shape[4:].split("]")[0].split(","))
                        and len(dims) > 1]  # (the forward's float32 output bias is a vector)
@@ -303,8 +303,9 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def h100_choices():
     """tiny's H100 step without attention dropout as settled (erf GELU, hashed hidden dropout),
-    with `model.gelu=tanh` and with `model.dropout_mask=bits16`: bytes, launches, GELU epilogues
-    and the kernels writing a hidden-dropout-sized bool or uint32 array, compiled once for both tests."""
+    with `model.gelu=tanh` and with `model.dropout_mask=bits16`: bytes, launches, GELU epilogues,
+    the kernels writing a hidden-dropout-sized bool or uint32 array and the matmuls reading a
+    float32 matrix over the vocabulary, compiled once for the three tests."""
     return _last_json(_COMPILE_GPU_CHOICES, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
                       _cuda_env())
 
