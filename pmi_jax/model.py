@@ -220,13 +220,17 @@ class Dropout(nn.Dropout):
     mask: str = "cpu"  # "cpu" (`_keep_mask`), "bits16" (`_keep_mask16`), "hash" or "bernoulli"
 
     @nn.compact
-    def __call__(self, inputs, deterministic: bool | None = None, rng=None):
+    def __call__(self, inputs, deterministic: bool | None = None, rng=None, streams_Bx2=None):
+        """`streams_Bx2`: the hashed mask's streams where the caller drew them (`BertEncoder`), else
+        they are drawn from this module's key."""
         deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
         if self.rate == 1.0 and not deterministic:
             return jnp.zeros_like(inputs)
         if self.mask == "hash" and inputs.ndim == 3 and 0.0 < self.rate and not deterministic:
-            rng = self.make_rng(self.rng_collection) if rng is None else rng
-            return _hashed_dropout(inputs, fused_layer_norm.dropout_streams(rng, inputs.shape[0]), float(self.rate))
+            if streams_Bx2 is None:
+                rng = self.make_rng(self.rng_collection) if rng is None else rng
+                streams_Bx2 = fused_layer_norm.dropout_streams(rng, inputs.shape[0])
+            return _hashed_dropout(inputs, streams_Bx2, float(self.rate))
         keep, keep_prob = self.keep_mask(inputs.shape, deterministic, rng)
         if keep is None:
             return inputs
@@ -424,9 +428,14 @@ def _dropout(config: ModelConfig, rate: float, attention: bool = False) -> Dropo
     attention probabilities (the written-out attention) XLA:GPU wrote 576 MiB more per layer with
     16-bit masks than with `jax.random.bernoulli`, whose pred mask it writes directly
     (benchmarks/README.md); the Pallas kernels draw theirs inside."""
-    if _uses_cpu_variants(config):
-        return Dropout(rate, mask="cpu")
-    return Dropout(rate, mask="bernoulli" if attention else _settled(config).dropout_mask)
+    if attention and not _uses_cpu_variants(config):
+        return Dropout(rate, mask="bernoulli")
+    return Dropout(rate, mask=_hidden_mask(config))
+
+
+def _hidden_mask(config: ModelConfig) -> str:
+    """The hidden dropouts' `Dropout.mask`."""
+    return "cpu" if _uses_cpu_variants(config) else _settled(config).dropout_mask
 
 
 class BertEmbeddings(nn.Module):
@@ -646,12 +655,12 @@ class SelfAttention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
+    def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool, streams_BxHx2=None):
         c = self.config
         stacked = c.attention in PALLAS_ATTENTION and _settled(c).attention in STACKED_ATTENTION
         inputs = self._queries_keys_values(x_BxLxD, stacked)
         if c.attention in PALLAS_ATTENTION:
-            out_BxLxHxK = self._pallas(inputs, input_mask_BxL, deterministic)
+            out_BxLxHxK = self._pallas(inputs, input_mask_BxL, deterministic, streams_BxHx2)
         elif c.attention_dropout_rate == 0.0:
             lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
             out_BxLxHxK = jax.nn.dot_product_attention(*inputs, key_value_seq_lengths=lengths_B,
@@ -688,14 +697,16 @@ class SelfAttention(nn.Module):
         qkv_BxLx3xHxK = (x_BxLxD @ kernel_Dx3HK + bias_3HK).reshape(*x_BxLxD.shape[:-1], *heads_3xHxK)
         return tuple(nn.with_logical_constraint(qkv_BxLx3xHxK[..., i, :, :], _QKV) for i in range(3))
 
-    def _pallas(self, inputs: tuple, input_mask_BxL, deterministic: bool):
-        """The Pallas kernel on (q, k, v) or on (the stack, its bias); its streams come from this
-        layer's "dropout" RNG, as `Dropout`'s mask would."""
+    def _pallas(self, inputs: tuple, input_mask_BxL, deterministic: bool, streams_BxHx2):
+        """The Pallas kernel on (q, k, v) or on (the stack, its bias); its streams are the encoder's
+        draw for this layer, else drawn from this module's "dropout" RNG, as `Dropout`'s would be."""
         c = _settled(self.config)
         rate = 0.0 if deterministic else c.attention_dropout_rate
         batch, heads = inputs[0].shape[0], inputs[0].shape[-2]
-        streams_BxHx2 = (fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads) if rate
-                         else jnp.zeros((batch, heads, 2), jnp.uint32))  # no dropout: the streams are not read
+        if not rate:  # no dropout: the streams are not read
+            streams_BxHx2 = jnp.zeros((batch, heads, 2), jnp.uint32)
+        elif streams_BxHx2 is None:
+            streams_BxHx2 = fused_attention.dropout_streams(self.make_rng("dropout"), batch, heads)
         lengths_B = jnp.sum(input_mask_BxL.astype(jnp.int32), axis=-1)
         interpret = c.attention == "pallas-interpret"
         if c.attention == "pallas-mosaic":
@@ -769,14 +780,16 @@ class _ResidualNorm(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, a_BxLxD, bias_D, x_BxLxD, deterministic: bool):
+    def __call__(self, a_BxLxD, bias_D, x_BxLxD, deterministic: bool, streams_Bx2=None):
         c = _settled(self.config)
         scale_D = self.param("scale", _ones("embed"), (c.hidden_size,), jnp.float32)
         offset_D = self.param("bias", _zeros("embed"), (c.hidden_size,), jnp.float32)
         rate = 0.0 if deterministic else c.dropout_rate
         batch = x_BxLxD.shape[0]
-        streams_Bx2 = (fused_layer_norm.dropout_streams(self.make_rng("dropout"), batch) if rate
-                       else jnp.zeros((batch, 2), jnp.uint32))  # no dropout: the streams are not read
+        if not rate:  # no dropout: the streams are not read
+            streams_Bx2 = jnp.zeros((batch, 2), jnp.uint32)
+        elif streams_Bx2 is None:
+            streams_Bx2 = fused_layer_norm.dropout_streams(self.make_rng("dropout"), batch)
         kernel = functools.partial(fused_layer_norm.residual_layer_norm, rate=rate, eps=c.layer_norm_eps,
                                    interpret=c.residual_norm == "pallas-interpret")
         rows, vector = ("batch", None, None), (None,)
@@ -788,40 +801,57 @@ def _fused_residual_norm(config: ModelConfig) -> bool:
     return config.residual_norm != "xla"
 
 
+def layer_streams(config: ModelConfig) -> tuple[int, int]:
+    """(hidden, heads): the [B, 2] stream pairs each layer's hashed dropouts take from `BertEncoder`'s
+    one draw, uint32 [layers, B, hidden + heads, 2]: the two hidden dropouts' (the hash mask or the
+    fused LayerNorm's), then every head's of the Pallas attention's. (0, 0): nothing is drawn."""
+    c = _settled(config)
+    hidden = c.dropout_rate > 0.0 and (_fused_residual_norm(c) or _hidden_mask(c) == "hash")
+    heads = c.attention_dropout_rate > 0.0 and c.attention in PALLAS_ATTENTION
+    return 2 * hidden, c.num_heads * heads
+
+
 class BertLayer(nn.Module):
-    """One post-LN transformer layer."""
+    """One post-LN transformer layer; `streams_BxSx2`: its part of the encoder's draw (`layer_streams`)."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool):
+    def __call__(self, x_BxLxD, input_mask_BxL, *, deterministic: bool, streams_BxSx2=None):
         c = self.config
+        hidden, heads = layer_streams(c)
+        drawn = streams_BxSx2 is not None
+        first, second = (streams_BxSx2[:, 0], streams_BxSx2[:, 1]) if drawn and hidden else (None, None)
+        heads_BxHx2 = streams_BxSx2[:, hidden:hidden + heads] if drawn and heads else None
+        attention = functools.partial(SelfAttention(c, name="attention"), x_BxLxD, input_mask_BxL,
+                                      deterministic=deterministic, streams_BxHx2=heads_BxHx2)
         if _fused_residual_norm(c):
-            a_BxLxD, bias_D = SelfAttention(c, name="attention")(x_BxLxD, input_mask_BxL, deterministic=deterministic)
-            x_BxLxD = _ResidualNorm(c, name="attention_layer_norm")(a_BxLxD, bias_D, x_BxLxD, deterministic)
+            a_BxLxD, bias_D = attention()
+            x_BxLxD = _ResidualNorm(c, name="attention_layer_norm")(a_BxLxD, bias_D, x_BxLxD, deterministic, first)
             f_BxLxD, bias_D = FeedForward(c, name="feed_forward")(x_BxLxD)
-            x_BxLxD = _ResidualNorm(c, name="output_layer_norm")(f_BxLxD, bias_D, x_BxLxD, deterministic)
+            x_BxLxD = _ResidualNorm(c, name="output_layer_norm")(f_BxLxD, bias_D, x_BxLxD, deterministic, second)
             return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
         dropout = _dropout(c, c.dropout_rate)
-        a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, input_mask_BxL, deterministic=deterministic)
-        x_BxLxD = _layer_norm(c, "attention_layer_norm")(x_BxLxD + dropout(a_BxLxD, deterministic=deterministic))
+        x_BxLxD = _layer_norm(c, "attention_layer_norm")(
+            x_BxLxD + dropout(attention(), deterministic=deterministic, streams_Bx2=first))
         f_BxLxD = FeedForward(c, name="feed_forward")(x_BxLxD)
-        x_BxLxD = _layer_norm(c, "output_layer_norm")(x_BxLxD + dropout(f_BxLxD, deterministic=deterministic))
+        x_BxLxD = _layer_norm(c, "output_layer_norm")(
+            x_BxLxD + dropout(f_BxLxD, deterministic=deterministic, streams_Bx2=second))
         return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
 
 
 class _ScanStep(BertLayer):
-    """BertLayer as a scan body, (carry, mask, deterministic) -> (carry, None); same parameter names."""
+    """BertLayer as a scan body, (carry, mask, deterministic, streams) -> (carry, None); same parameter names."""
 
-    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool):
-        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic), None
+    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool, streams_BxSx2=None):
+        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic, streams_BxSx2=streams_BxSx2), None
 
 
 class _LoopStep(BertLayer):
     """BertLayer with `deterministic` positional, as `nn.remat`'s static argument."""
 
-    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool):
-        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic)
+    def __call__(self, x_BxLxD, input_mask_BxL, deterministic: bool, streams_BxSx2=None):
+        return super().__call__(x_BxLxD, input_mask_BxL, deterministic=deterministic, streams_BxSx2=streams_BxSx2)
 
 
 def _remat(config: ModelConfig, layer_cls):
@@ -845,7 +875,7 @@ class BertEncoder(nn.Module):
         self.embed = BertEmbeddings(c)
         if c.scan_layers:
             scan = nn.scan(_remat(c, _ScanStep), variable_axes={"params": 0},
-                           split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast, nn.broadcast),
+                           split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast, nn.broadcast, 0),
                            length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
             self.layers = scan(c, name=SCANNED_LAYERS)
         else:
@@ -856,11 +886,25 @@ class BertEncoder(nn.Module):
         if token_type_ids_BxL is None:
             token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
         x_BxLxD = self.embed(input_ids_BxL, token_type_ids_BxL, deterministic=deterministic)
+        streams_NxBxSx2 = self._streams(input_ids_BxL.shape[0], deterministic)
         if self.config.scan_layers:
-            return self.layers(x_BxLxD, input_mask_BxL, deterministic)[0]
-        for layer in self.layers:
-            x_BxLxD = layer(x_BxLxD, input_mask_BxL, deterministic)
+            return self.layers(x_BxLxD, input_mask_BxL, deterministic, streams_NxBxSx2)[0]
+        for i, layer in enumerate(self.layers):
+            streams_BxSx2 = None if streams_NxBxSx2 is None else streams_NxBxSx2[i]
+            x_BxLxD = layer(x_BxLxD, input_mask_BxL, deterministic, streams_BxSx2)
         return x_BxLxD
+
+    def _streams(self, batch: int, deterministic: bool):
+        """Every layer's hashed-dropout streams, [layers, B, S, 2], or None where none is hashed.
+
+        One draw from the encoder's key: a key and a draw per module cost a GPU step 12 small
+        kernels a layer (benchmarks/README.md, "Every layer's dropout streams at once").
+        """
+        hidden, heads = layer_streams(self.config)
+        if deterministic or not hidden + heads:
+            return None
+        shape = (self.config.num_layers, batch, hidden + heads, 2)
+        return jax.random.bits(self.make_rng("dropout"), shape, jnp.uint32)
 
 
 class BertForMaskedLM(nn.Module):

@@ -280,7 +280,9 @@ import json, math, re, sys
 from pmi_jax import compile_only, hlo
 from pmi_jax.config import apply_overrides, load_config
 out = {}
-for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", ["model.dropout_mask=bits16"])):
+paper = ["model.attention_dropout_rate=0.1"]
+for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", ["model.dropout_mask=bits16"]),
+                     ("paper", paper), ("paper-4-layers", paper + ["model.num_layers=4"])):
     config = apply_overrides(load_config("tiny"), json.loads(sys.argv[1]) + change)
     report, compiled = compile_only.compile_train_step(config, "h100")
     text = compiled.as_text()
@@ -293,9 +295,10 @@ for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", 
                        for shape in map(lambda o: module.shape_of(c, o), i.operands)
                        if shape.startswith("f32[") and vocab in (dims := shape[4:].split("]")[0].split(","))
                        and len(dims) > 1]  # (the forward's float32 output bias is a vector)
+    random_words = [i.name for _, i in hlo.kernels(module) if set(re.findall(r"(\\w+)\\[", i.shape)) == {"u32"}]
     out[name] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
                  "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text)), "mask_kernels": masks,
-                 "f32_vocab_gemms": f32_vocab_gemms}
+                 "f32_vocab_gemms": f32_vocab_gemms, "random_words": random_words}
 print(json.dumps(out))
 """
 
@@ -303,9 +306,11 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def h100_choices():
     """tiny's H100 step without attention dropout as settled (erf GELU, hashed hidden dropout),
-    with `model.gelu=tanh` and with `model.dropout_mask=bits16`: bytes, launches, GELU epilogues,
-    the kernels writing a hidden-dropout-sized bool or uint32 array and the matmuls reading a
-    float32 matrix over the vocabulary, compiled once for the three tests."""
+    with `model.gelu=tanh` and with `model.dropout_mask=bits16`, and in the paper's setting (the
+    Triton attention with its dropout) with two and four layers: bytes, launches, GELU epilogues,
+    the kernels writing a hidden-dropout-sized bool or uint32 array, the matmuls reading a float32
+    matrix over the vocabulary and the kernels writing only uint32 (random words), compiled once
+    for the tests below."""
     return _last_json(_COMPILE_GPU_CHOICES, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
                       _cuda_env())
 
@@ -338,6 +343,16 @@ def test_an_h100_step_differentiates_the_tied_decoder_in_bf16(h100_choices):
     logit gradient made XLA:GPU run both backward products in float32 on the float32 table (two
     such matmuls with `model.decoder_grad=float32`)."""
     assert all(choice["f32_vocab_gemms"] == [] for choice in h100_choices.values()), h100_choices
+
+
+@needs_cuda_plugin
+def test_an_h100_step_draws_every_layers_dropout_streams_at_once(h100_choices):
+    """`BertEncoder` draws all layers' hashed-dropout streams (two hidden dropouts and the attention's
+    heads a layer) in one draw: two more layers add at most two kernels writing random words each
+    (their row words and the attention kernel's copy of its streams), where a draw per module took
+    ten to twelve a layer (key derivation, draw, slices, words)."""
+    two, four = (h100_choices[name]["random_words"] for name in ("paper", "paper-4-layers"))
+    assert len(four) - len(two) <= 2 * 2, h100_choices
 
 
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():

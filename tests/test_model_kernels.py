@@ -413,6 +413,36 @@ def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_grad
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * largest)
 
 
+def test_the_encoder_draws_every_layers_dropout_streams_at_once():
+    """The hashed dropouts (the GPU programs' hidden dropout, the fused LayerNorm's and the Pallas
+    attention's) take their streams from one draw of the encoder's key, layer by layer
+    (`model.layer_streams`), not from each module's key. So the scanned encoder, whose layers' own
+    keys are not the loop's, draws the loop's masks: the same logits (float32, interpreted kernels,
+    within 1e-5), where dropout noise moves them by over 1e-3 (another key). Programs without
+    those dropouts (CPU and TPU defaults, no dropout) draw nothing."""
+    from pmi_jax.model import layer_streams, stack_layers
+
+    config = dataclasses.replace(CONFIG, dtype="float32", num_heads=2, dropout_rate=0.1, attention_dropout_rate=0.1,
+                                 attention="pallas", residual_norm="pallas")
+    assert layer_streams(for_platform(config, "cpu")) == (2, 2)
+    paper = dataclasses.replace(CONFIG, num_heads=2, attention_dropout_rate=0.1)  # GPU: hash, Triton attention
+    assert layer_streams(for_platform(paper, "gpu")) == (2, 2)
+    assert [layer_streams(for_platform(dataclasses.replace(CONFIG, dropout_rate=0.1), p)) for p in ("cpu", "tpu")] == [
+        (0, 0), (0, 0)]
+    assert layer_streams(for_platform(dataclasses.replace(CONFIG, dropout_rate=0.0), "gpu")) == (0, 0)
+    ids, mask = _inputs(length=16)
+    looped = BertForMaskedLM(config)
+    params = nn.unbox(looped.init(jax.random.key(0), ids, mask, deterministic=True))["params"]
+
+    def logits(model, params, key=1):
+        out = model.apply({"params": params}, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(key)})
+        return np.asarray(out)[np.asarray(mask, bool)]
+
+    scanned = BertForMaskedLM(dataclasses.replace(config, scan_layers=True))
+    np.testing.assert_allclose(logits(scanned, stack_layers(params)), logits(looped, params), rtol=1e-5, atol=1e-5)
+    assert np.abs(logits(looped, params, key=2) - logits(looped, params)).max() > 1e-3
+
+
 def test_fused_qkv_feeds_the_pallas_kernel_its_stacked_output_with_the_same_losses_and_gradients():
     """With `fused_qkv` the interpreted Triton kernel reads the matmul's [B, L, 3, H, K] output itself
     and returns one gradient for it (`fused_attention.attention_stacked`); with the paper's dropout the
