@@ -23,7 +23,8 @@ cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients), a
 on the stacked Q/K/V against the same on three inputs, bytes and times (`attention_check`);
 micro-benchmarks time one layer's attention, forward and backward, in each
 implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
-(`layer_norm_kernels`), and the feed-forward GELU in three formulas (`gelu_kernels`). Variants
+(`layer_norm_kernels`), the feed-forward GELU in three formulas (`gelu_kernels`), and what one
+more small kernel costs a program run as the trainer runs steps (`launch_cost`). Variants
 run in priority order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a
 10-minute machine call); a variant is started only with its `min_s` left, those left out are
 recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
@@ -83,11 +84,15 @@ CHECK = Variant("attention-check", min_s=30)  # cuDNN's attention against XLA's;
 KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forward and backward, per implementation
 NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forward and backward: XLA's and ours
 GELUS = Variant("gelu-kernels", min_s=40)  # the feed-forward GELU alone (erf, erfc, tanh) and after its matmul
+LAUNCHES = Variant("launch-cost", min_s=20)  # what one more small kernel adds to a program, as steps run
+NO_GRAPHS = ("--xla_gpu_enable_command_buffer=",)  # XLA's command buffers (CUDA graphs) off
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
 # phase, 90% of its steps) at batch 128 has the tokens of 512 x 32.
 GPU_PLAN = (
     CHECK,
+    LAUNCHES,
+    dataclasses.replace(LAUNCHES, name="launch-cost-no-graphs", xla_flags=NO_GRAPHS),
     GELUS,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     # Our kernel without dropout, reading the fused Q/K/V output in place, where cuDNN takes slices.
@@ -99,7 +104,7 @@ GPU_PLAN = (
     # The hidden dropouts' 16-bit threefry masks, the GPU default before the hash (2026-11-28).
     Variant("base-512-paper-bits16", overrides=("model.dropout_mask=bits16",)),
     # Without CUDA graphs (XLA's command buffers, on by default; XLA turns them off while profiling).
-    Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=("--xla_gpu_enable_command_buffer=",)),
+    Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=NO_GRAPHS),
     # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
     Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
     Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
@@ -139,6 +144,7 @@ CPU_PLAN = (
     KERNELS,
     NORMS,
     GELUS,
+    LAUNCHES,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
@@ -602,6 +608,38 @@ def _gelu_after_matmul(shape: tuple, d: int, repeats: int) -> dict:
                 ("y", "dx", "dw", "dbias"))}
 
 
+def launch_cost(platform: str | None, name: str = LAUNCHES.name, calls: int = 50) -> dict:
+    """What one more small kernel adds to a program as the trainer runs it (calls dispatched back to
+    back, one wait; XLA's command buffers as configured): a chain of K dependent reductions of a
+    [768] vector (one input, one output, so the host's dispatch does not grow with K), at two K,
+    each program's kernels counted in its compiled HLO (`pmi_jax.hlo`; an H100 program has K + 1).
+    The slope between the two, in microseconds per kernel, is what the step's small kernels cost
+    apiece, the dispatch of a call cancelled."""
+    import jax
+    import jax.numpy as jnp
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    x = jax.device_put(jnp.linspace(0.0, 1.0, 768, dtype=jnp.float32), device)
+
+    def chain(x, k):
+        for _ in range(k):
+            x = x + jnp.sum(x) * 1e-6  # a reduction each: XLA cannot fuse the next one into it
+        return x
+
+    points = []
+    for k in (64, 1024) if device.platform == "gpu" else (8, 32):
+        compiled = jax.jit(chain, static_argnums=1).lower(x, k).compile()
+        jax.block_until_ready(compiled(x))
+        start = time.perf_counter()
+        jax.block_until_ready([compiled(x) for _ in range(calls)])
+        points.append({"k": k, "kernels": len(hlo.program_kernels(compiled.as_text())),
+                       "ms_per_call": round(1e3 * (time.perf_counter() - start) / calls, 4)})
+    (a, b) = points
+    slope = 1e3 * (b["ms_per_call"] - a["ms_per_call"]) / max(b["kernels"] - a["kernels"], 1)
+    return {"variant": name, "what": "microseconds per small kernel, calls back to back",
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points, "us_per_kernel": round(slope, 3)}
+
+
 # --------------------------------------------------------------------------------------
 # One variant (in its own process)
 # --------------------------------------------------------------------------------------
@@ -784,6 +822,9 @@ def _line(r: dict) -> str:
             f"{'':<32}{name:<52} {_form_time(f, 8)}" for name, f in r["forms"].items()] + [
             f"{'':<32}against float32, same mask (max error / max): " + _errors_text(r["ours_vs_reference_same_mask"])]
             + _matmul_lines(r.get("with_matmul")))
+    if r["variant"].startswith(LAUNCHES.name):
+        kernels = " and ".join(str(p["kernels"]) for p in r["points"])
+        return f"{r['variant']:<30} {r['us_per_kernel']:.2f} us per kernel (programs of {kernels} kernels)"
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
@@ -821,6 +862,8 @@ def main(argv=None) -> None:
             print(json.dumps(layer_norm_kernels(args.platform or None)))
         elif variant.name == GELUS.name:
             print(json.dumps(gelu_kernels(args.platform or None)))
+        elif variant.name.startswith(LAUNCHES.name):
+            print(json.dumps(launch_cost(args.platform or None, variant.name)))
         else:
             print(json.dumps(run_variant(variant, args.steps, args.timed_s, args.platform or None, args.hlo_dir)))
         return
