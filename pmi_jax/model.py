@@ -646,10 +646,11 @@ class SelfAttention(nn.Module):
     because cuDNN takes a mask as a bias whose full [B, H, L, L] gradient the backward pass
     computes, whereas with lengths it skips the padding blocks. With `config.attention` "pallas"
     (either dropout rate) it is `fused_attention.attention`, whose dropout mask is a function of
-    this layer's dropout key and the entry's position, drawn inside the kernel: the same masks as
-    long as the key is the same, so a resumed run redraws them (with `fused_qkv`,
-    `attention_stacked` on the one matmul's output, read in place). With `residual_norm` "pallas" it
-    returns the output projection without its bias, and the bias, for `_ResidualNorm` to add.
+    this layer's streams (`BertEncoder`'s draw, else this module's key) and the entry's position,
+    drawn inside the kernel: the same masks as long as the key is the same, so a resumed run
+    redraws them (with `fused_qkv`, `attention_stacked` on the one matmul's output, read in place).
+    With `residual_norm` "pallas" it returns the output projection without its bias, and the bias,
+    for `_ResidualNorm` to add.
     """
 
     config: ModelConfig
@@ -775,7 +776,7 @@ class _UnbiasedDense(nn.Module):
 class _ResidualNorm(nn.Module):
     """LayerNorm(x + dropout(a + bias)) as one kernel (`fused_layer_norm`), with `nn.LayerNorm`'s
     parameters, so that checkpoints are the same with either `residual_norm`; the dropout mask
-    comes from this module's dropout key."""
+    comes from the layer's streams (`BertEncoder`'s draw), else from this module's dropout key."""
 
     config: ModelConfig
 
