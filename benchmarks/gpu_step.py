@@ -23,8 +23,9 @@ cuDNN's attention against XLA's on BERT-base's shapes (outputs and gradients), a
 on the stacked Q/K/V against the same on three inputs, bytes and times (`attention_check`);
 micro-benchmarks time one layer's attention, forward and backward, in each
 implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
-(`layer_norm_kernels`), the feed-forward GELU in three formulas (`gelu_kernels`), and what one
-more small kernel costs a program run as the trainer runs steps (`launch_cost`). Variants
+(`layer_norm_kernels`), the feed-forward GELU in three formulas (`gelu_kernels`), what one
+more small kernel costs a program run as the trainer runs steps (`launch_cost`), and our
+attention kernel's blocks and Triton launch parameters (`attention_tuning`). Variants
 run in priority order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a
 10-minute machine call); a variant is started only with its `min_s` left, those left out are
 recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
@@ -85,6 +86,7 @@ KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forwa
 NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forward and backward: XLA's and ours
 GELUS = Variant("gelu-kernels", min_s=40)  # the feed-forward GELU alone (erf, erfc, tanh) and after its matmul
 LAUNCHES = Variant("launch-cost", min_s=20)  # what one more small kernel adds to a program, as steps run
+TUNING = Variant("attention-tuning", min_s=90)  # our attention kernel's blocks and Triton launch parameters
 NO_GRAPHS = ("--xla_gpu_enable_command_buffer=",)  # XLA's command buffers (CUDA graphs) off
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
@@ -94,6 +96,7 @@ GPU_PLAN = (
     LAUNCHES,
     dataclasses.replace(LAUNCHES, name="launch-cost-no-graphs", xla_flags=NO_GRAPHS),
     GELUS,
+    TUNING,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     # Our kernel without dropout, reading the fused Q/K/V output in place, where cuDNN takes slices.
     Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
@@ -105,9 +108,9 @@ GPU_PLAN = (
     Variant("base-512-paper-bits16", overrides=("model.dropout_mask=bits16",)),
     # Without CUDA graphs (XLA's command buffers, on by default; XLA turns them off while profiling).
     Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=NO_GRAPHS),
-    # Bias, hidden dropout, residual and LayerNorm as one Pallas kernel (pmi_jax/fused_layer_norm.py).
-    Variant("base-512-attn0-fln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=pallas",), profile=True),
-    Variant("base-512-paper-fln", overrides=("model.residual_norm=pallas",), profile=True),
+    # XLA's LayerNorm, the GPU default before residual_norm=auto took the fused kernel (2026-11-28).
+    Variant("base-512-attn0-xla-ln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=xla",), profile=True),
+    Variant("base-512-paper-xla-ln", overrides=("model.residual_norm=xla",), profile=True),
     Variant("base-512-paper-written", overrides=("model.attention=xla",)),  # the default before 2026-11-28
     Variant("large-512-attn0-unrolled", size="large", overrides=NO_ATTN_DROPOUT + UNROLLED, profile=True, min_s=150),
     Variant("large-512-paper-unrolled", size="large", overrides=UNROLLED, profile=True, min_s=150),
@@ -145,6 +148,7 @@ CPU_PLAN = (
     NORMS,
     GELUS,
     LAUNCHES,
+    TUNING,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
@@ -442,6 +446,56 @@ def attention_kernels(platform: str | None, repeats: int = 20) -> dict:
             "ours_vs_reference_same_mask": _same_mask_errors(q, kk, v, g, valid_BxL, streams, ours(0.1))}
 
 
+# Our attention kernel's configurations timed on a GPU: blocks (query, key), Triton's num_warps and num_stages.
+TUNING_BLOCKS = ((64, 64), (128, 64), (64, 128), (128, 128))
+TUNING_LAUNCH = tuple((warps, stages) for warps in (4, 8) for stages in (1, 2, 3))
+
+
+def attention_tuning(platform: str | None, repeats: int = 20) -> dict:
+    """Our attention kernel on one layer's stacked Q/K/V with dropout 0.1, as the model calls it
+    ([32, 512, 3, 12, 64] bf16 on a GPU), per configuration: blocks (`TUNING_BLOCKS`) by one
+    (num_warps, num_stages) for all three kernels (`TUNING_LAUNCH`); the forward alone and forward
+    + backward, so that each pass can take its best (`fused_attention.DEFAULT_BLOCKS`,
+    `DEFAULT_LAUNCH`). A configuration Triton refuses is recorded with its error. On CPU (the dry
+    run) two configurations, interpreted: the launch parameters do not apply there."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import fused_attention
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    (b, _, h, k), qkv, g, lengths_B = _layer_inputs(on_gpu)
+    qkv_BxLx3xHxK = jnp.stack(qkv, axis=2)
+    streams = fused_attention.dropout_streams(jax.random.key(2), b, h)
+    bias_3xHxK = jnp.zeros((3, h, k), jnp.bfloat16)
+    configs = ([(blocks, launch) for blocks in TUNING_BLOCKS for launch in TUNING_LAUNCH] if on_gpu else
+               [(fused_attention.DEFAULT_BLOCKS, fused_attention.DEFAULT_LAUNCH[0]), ((32, 32), (8, 3))])
+    forms, forward = {}, {}
+    for blocks, launch in configs:
+        name = f"blocks {blocks[0]}x{blocks[1]}, warps {launch[0]}, stages {launch[1]}"
+        forms[name] = (lambda x, bias, blocks=blocks, launch=launch: fused_attention.attention_stacked(
+            x, lengths_B, streams, bias, rate=0.1, blocks=blocks, launch=(launch, launch), interpret=not on_gpu))
+        try:
+            call = jax.jit(forms[name])
+            for _ in range(2):  # the process's first call is slow twice
+                jax.block_until_ready(call(qkv_BxLx3xHxK, bias_3xHxK))
+            times = []
+            for _ in range(repeats if on_gpu else 1):
+                t = time.perf_counter()
+                jax.block_until_ready(call(qkv_BxLx3xHxK, bias_3xHxK))
+                times.append(time.perf_counter() - t)
+            forward[name] = round(1e3 * statistics.median(times), 3)
+        except Exception:  # noqa: BLE001 - recorded below, from the forward and backward's own try
+            forward[name] = None
+    timed = _time_forms(forms, (qkv_BxLx3xHxK, bias_3xHxK), g, repeats if on_gpu else 1)
+    for name, record in timed.items():
+        if forward[name] is not None:
+            record["ms_fwd"] = forward[name]
+    return {"variant": TUNING.name, "what": "our attention kernel, stacked input, dropout 0.1, per configuration",
+            "shape": [b, qkv[0].shape[1], 3, h, k], "forms": timed}
+
+
 def _time_forms(forms: dict, inputs: tuple, g, repeats: int) -> dict:
     """Median and least ms of value_and_grad of sum(fn(*inputs) * g) in all inputs, per form."""
     import jax
@@ -611,10 +665,12 @@ def _gelu_after_matmul(shape: tuple, d: int, repeats: int) -> dict:
 def launch_cost(platform: str | None, name: str = LAUNCHES.name, calls: int = 50) -> dict:
     """What one more small kernel adds to a program as the trainer runs it (calls dispatched back to
     back, one wait; XLA's command buffers as configured): a chain of K dependent reductions of a
-    [768] vector (one input, one output, so the host's dispatch does not grow with K), at two K,
-    each program's kernels counted in its compiled HLO (`pmi_jax.hlo`; an H100 program has K + 1).
-    The slope between the two, in microseconds per kernel, is what the step's small kernels cost
-    apiece, the dispatch of a call cancelled."""
+    [768] vector, each kernel reading the vector and the last sum alone, so that every kernel is
+    the same size (`x + s` chained would fuse each sum's whole history into the next kernel). Two
+    K, each program's kernels counted in its compiled HLO (`pmi_jax.hlo`; an H100 program has
+    K + 1). The slope between the two is microseconds per kernel; the host's share is the time
+    until the last call returns, before the wait: near the total, the host's launching is the cost.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -622,22 +678,29 @@ def launch_cost(platform: str | None, name: str = LAUNCHES.name, calls: int = 50
     x = jax.device_put(jnp.linspace(0.0, 1.0, 768, dtype=jnp.float32), device)
 
     def chain(x, k):
+        s = jnp.zeros((), x.dtype)
         for _ in range(k):
-            x = x + jnp.sum(x) * 1e-6  # a reduction each: XLA cannot fuse the next one into it
-        return x
+            s = jnp.sum(x + s * 1e-6)  # a reduction each: XLA cannot fuse the next one into it
+        return x + s
 
     points = []
     for k in (64, 1024) if device.platform == "gpu" else (8, 32):
         compiled = jax.jit(chain, static_argnums=1).lower(x, k).compile()
         jax.block_until_ready(compiled(x))
         start = time.perf_counter()
-        jax.block_until_ready([compiled(x) for _ in range(calls)])
+        outs = [compiled(x) for _ in range(calls)]
+        host = time.perf_counter() - start
+        jax.block_until_ready(outs)
         points.append({"k": k, "kernels": len(hlo.program_kernels(compiled.as_text())),
-                       "ms_per_call": round(1e3 * (time.perf_counter() - start) / calls, 4)})
+                       "ms_per_call": round(1e3 * (time.perf_counter() - start) / calls, 4),
+                       "host_ms_per_call": round(1e3 * host / calls, 4)})
     (a, b) = points
-    slope = 1e3 * (b["ms_per_call"] - a["ms_per_call"]) / max(b["kernels"] - a["kernels"], 1)
+    kernels = max(b["kernels"] - a["kernels"], 1)
+    slope = 1e3 * (b["ms_per_call"] - a["ms_per_call"]) / kernels
+    host_slope = 1e3 * (b["host_ms_per_call"] - a["host_ms_per_call"]) / kernels
     return {"variant": name, "what": "microseconds per small kernel, calls back to back",
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points, "us_per_kernel": round(slope, 3)}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points, "us_per_kernel": round(slope, 3),
+            "host_us_per_kernel": round(host_slope, 3)}
 
 
 # --------------------------------------------------------------------------------------
@@ -822,9 +885,14 @@ def _line(r: dict) -> str:
             f"{'':<32}{name:<52} {_form_time(f, 8)}" for name, f in r["forms"].items()] + [
             f"{'':<32}against float32, same mask (max error / max): " + _errors_text(r["ours_vs_reference_same_mask"])]
             + _matmul_lines(r.get("with_matmul")))
+    if r["variant"] == TUNING.name:
+        return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
+            f"{'':<32}{name:<44} {_form_time(f, 8)}" + (f", forward {f['ms_fwd']:.3f} ms" if "ms_fwd" in f else "")
+            for name, f in r["forms"].items()])
     if r["variant"].startswith(LAUNCHES.name):
         kernels = " and ".join(str(p["kernels"]) for p in r["points"])
-        return f"{r['variant']:<30} {r['us_per_kernel']:.2f} us per kernel (programs of {kernels} kernels)"
+        return (f"{r['variant']:<30} {r['us_per_kernel']:.2f} us per kernel, {r['host_us_per_kernel']:.2f} of them "
+                f"until the host returns (programs of {kernels} kernels)")
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
@@ -862,6 +930,8 @@ def main(argv=None) -> None:
             print(json.dumps(layer_norm_kernels(args.platform or None)))
         elif variant.name == GELUS.name:
             print(json.dumps(gelu_kernels(args.platform or None)))
+        elif variant.name == TUNING.name:
+            print(json.dumps(attention_tuning(args.platform or None)))
         elif variant.name.startswith(LAUNCHES.name):
             print(json.dumps(launch_cost(args.platform or None, variant.name)))
         else:

@@ -46,7 +46,7 @@ DECODER_GRADS = ("auto", "float32", "compute")
 DROPOUT_MASKS = ("auto", "bernoulli", "bits16", "hash")
 GELUS = ("erf", "tanh", "tanh-epilogue")
 FUSED_QKV = ("auto", "always", "never")
-RESIDUAL_NORMS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
+RESIDUAL_NORMS = ("auto", "xla", "pallas", "pallas-triton", "pallas-interpret")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -133,10 +133,11 @@ class ModelConfig:
     dropout_mask: str = "auto"
     # Each layer's output bias, hidden dropout, residual and LayerNorm: "xla" (written as JAX ops;
     # XLA fuses them) or "pallas": one Pallas kernel forward and one backward, the dropout mask
-    # drawn inside from the layer's dropout key (`pmi_jax.fused_layer_norm`; fewer bytes per step),
-    # settled to "pallas-triton" in GPU programs and "pallas-interpret" (slow, for tests) in CPU
-    # programs; TPU programs take xla. The parameters are the same either way.
-    residual_norm: str = "xla"
+    # drawn inside from the layer's dropout streams (`pmi_jax.fused_layer_norm`; fewer bytes per
+    # step), settled to "pallas-triton" in GPU programs and "pallas-interpret" (slow, for tests) in
+    # CPU programs; TPU programs take xla. "auto": pallas in bf16 GPU programs, xla elsewhere
+    # (benchmarks/README.md, "Measured on a lent H200"). The parameters are the same either way.
+    residual_norm: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed

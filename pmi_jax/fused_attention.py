@@ -28,6 +28,9 @@ __all__ = ["attention", "attention_stacked", "dropout_streams", "entry_bits", "k
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _LOG2E = math.log2(math.e)
 DEFAULT_BLOCKS = (64, 64)  # (query, key) block; on GPUs to be tuned (benchmarks/gpu_step.py)
+# Triton's (num_warps, num_stages) for the forward kernel, then for the two backward ones; to be
+# tuned with the blocks (`gpu_step.py`'s attention-tuning).
+DEFAULT_LAUNCH = ((4, 2), (4, 2))
 
 
 def _mix(x):
@@ -228,8 +231,19 @@ def _stats_spec(rows, whole):
     return pl.BlockSpec((None, None, rows), (lambda b, h, i: (b, h, 0)) if whole else (lambda b, h, i: (b, h, i)))
 
 
-def _compiler_params(interpret: bool, num_warps: int):
-    return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=2)
+def _compiler_params(interpret: bool, launch: tuple[int, int]):
+    return None if interpret else plgpu.CompilerParams(num_warps=launch[0], num_stages=launch[1])
+
+
+def _check_launch(launch) -> tuple[tuple[int, int], tuple[int, int]]:
+    try:
+        pairs = tuple((int(warps), int(stages)) for warps, stages in launch)
+    except (TypeError, ValueError):
+        pairs = ()
+    if len(pairs) != 2 or any(w < 1 or w & (w - 1) or stages < 1 for w, stages in pairs):
+        raise ValueError(f"attention launch {launch}: expected ((num_warps, num_stages) forward, (...) backward), "
+                         "num_warps a power of two, num_stages at least 1")
+    return pairs
 
 
 def _layout(inputs):
@@ -247,7 +261,7 @@ def _biased(inputs):
     return (flat_BxLxN.reshape(qkv_BxLx3xHxK.shape), bias_3xHxK)
 
 
-def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
+def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret):
     (q, k, v), slots = _layout(inputs)
     b, length = q.shape[:2]
     h, head_dim = q.shape[-2:]
@@ -260,22 +274,22 @@ def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
         out_specs=[_rows_spec(block_q, head_dim, False, None), _stats_spec(block_q, False)],
         out_shape=[jax.ShapeDtypeStruct((b, length, h, head_dim), q.dtype),
                    jax.ShapeDtypeStruct((b, h, length), jnp.float32)],
-        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_forward",
+        compiler_params=_compiler_params(interpret, launch[0]), interpret=interpret, name="attention_dropout_forward",
     )(lengths_B, streams_BxHx2, q, k, v)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
-    return _forward(_biased(inputs), lengths_B, streams_BxHx2, rate, blocks, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _attention(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret):
+    return _forward(_biased(inputs), lengths_B, streams_BxHx2, rate, blocks, launch, interpret)[0]
 
 
-def _attention_fwd(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
+def _attention_fwd(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret):
     inputs = _biased(inputs)
-    out, lse_BxHxL = _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret)
+    out, lse_BxHxL = _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret)
     return out, (inputs, lengths_B, streams_BxHx2, out, lse_BxHxL)
 
 
-def _attention_bwd(rate, blocks, interpret, residuals, do):
+def _attention_bwd(rate, blocks, launch, interpret, residuals, do):
     inputs, lengths_B, streams_BxHx2, out, lse_BxHxL = residuals
     (q, k, v), slots = _layout(inputs)
     b, length = q.shape[:2]
@@ -297,7 +311,7 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
         out_specs=[dq_spec, _stats_spec(block_q, False), *partial_specs],
         out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, q.dtype),
                    jax.ShapeDtypeStruct((b, h, length), jnp.float32), *partial_shapes],
-        compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dq",
+        compiler_params=_compiler_params(interpret, launch[1]), interpret=interpret, name="attention_dropout_dq",
     )(*operands, out)
     # dK and dV: a key block each program, every query; stacked, into slots 1 and 2 of the same array
     # (aliased: a [block, 3, K] block of which the kernel stores two slots), with each block's sums.
@@ -316,7 +330,8 @@ def _attention_bwd(rate, blocks, interpret, residuals, do):
                        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)])
     dkv = pl.pallas_call(
         functools.partial(_dkv_kernel, block_q=block_q, stacked=stacked, **common), grid=(b, h, length // block_k),
-        **dkv_out, compiler_params=_compiler_params(interpret, 4), interpret=interpret, name="attention_dropout_dkv",
+        **dkv_out, compiler_params=_compiler_params(interpret, launch[1]), interpret=interpret,
+        name="attention_dropout_dkv",
     )(*operands, delta_BxHxL, *([dq] if stacked else []))
     if not stacked:
         return (dq, *dkv), None, None
@@ -330,22 +345,25 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *, rate: float = 0.0,
-              blocks: tuple[int, int] = DEFAULT_BLOCKS, interpret: bool = False) -> jax.Array:
+              blocks: tuple[int, int] = DEFAULT_BLOCKS, launch=DEFAULT_LAUNCH, interpret: bool = False) -> jax.Array:
     """softmax(q k^T / sqrt(K) + padding) with entries dropped at `rate`, times v: [B, L, H, K].
 
     Keys at or past each sequence's length take no weight. With `rate` > 0, entry (b, h, q, k)
     is kept where `keep_mask(streams_BxHx2, L, rate)` holds it, and kept entries are scaled by
     1 / (1 - rate). Differentiable in q, k and v; the backward pass regenerates the mask.
-    `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a GPU.
+    `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a GPU;
+    `launch` is Triton's (num_warps, num_stages) forward and backward (`DEFAULT_LAUNCH`).
     Any L: the kernel runs on inputs padded to `padded_length(L)`; the padding keys lie past
     every length and the padding queries' outputs are cut off, so values, gradients and the
     mask of each (q, k) are those at L.
     """
-    return _padded_call((q_BxLxHxK, k_BxLxHxK, v_BxLxHxK), lengths_B, streams_BxHx2, rate, blocks, interpret)
+    return _padded_call((q_BxLxHxK, k_BxLxHxK, v_BxLxHxK), lengths_B, streams_BxHx2, rate, blocks, launch,
+                        interpret)
 
 
 def attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2=None, bias_3xHxK=None, *, rate: float = 0.0,
-                      blocks: tuple[int, int] = DEFAULT_BLOCKS, interpret: bool = False) -> jax.Array:
+                      blocks: tuple[int, int] = DEFAULT_BLOCKS, launch=DEFAULT_LAUNCH,
+                      interpret: bool = False) -> jax.Array:
     """`attention` of queries, keys and values stacked on axis 2, as one [D, 3 H K] matmul writes them,
     plus `bias_3xHxK` (zero when None).
 
@@ -361,10 +379,10 @@ def attention_stacked(qkv_BxLx3xHxK, lengths_B, streams_BxHx2=None, bias_3xHxK=N
         raise ValueError(f"attention_stacked takes [B, L, 3, H, K]; got shape {qkv_BxLx3xHxK.shape}")
     if bias_3xHxK is None:
         bias_3xHxK = jnp.zeros(qkv_BxLx3xHxK.shape[2:], qkv_BxLx3xHxK.dtype)
-    return _padded_call((qkv_BxLx3xHxK, bias_3xHxK), lengths_B, streams_BxHx2, rate, blocks, interpret)
+    return _padded_call((qkv_BxLx3xHxK, bias_3xHxK), lengths_B, streams_BxHx2, rate, blocks, launch, interpret)
 
 
-def _padded_call(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
+def _padded_call(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret):
     if rate > 0.0 and streams_BxHx2 is None:
         raise ValueError("attention dropout needs the streams of a dropout key (dropout_streams)")
     batch, length = inputs[0].shape[:2]
@@ -376,5 +394,6 @@ def _padded_call(inputs, lengths_B, streams_BxHx2, rate, blocks, interpret):
         inputs = tuple(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if x.ndim >= 4 else x
                        for x in inputs)
     out_BxLxHxK = _attention(inputs, jnp.minimum(lengths_B.astype(jnp.int32), length),
-                             streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), bool(interpret))
+                             streams_BxHx2.astype(jnp.uint32), float(rate), tuple(blocks), _check_launch(launch),
+                             bool(interpret))
     return out_BxLxHxK[:, :length] if pad else out_BxLxHxK

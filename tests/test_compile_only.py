@@ -266,12 +266,13 @@ print(json.dumps(out))
 @needs_cuda_plugin
 def test_an_h100_step_takes_the_gradient_norm_in_few_kernels():
     """The GPU step's default norm (`optimizer.global_norm`, grouped: all of tiny's 42 parameters
-    are small leaves) launches at least 30 fewer kernels than optax's one or two per leaf, for the
-    same bytes within 1%."""
+    are small leaves) launches at least 25 fewer kernels than optax's one or two per leaf, for the
+    same bytes within 1% (27 fewer with the fused LayerNorm, the GPU default since 2026-11-28;
+    35 with XLA's LayerNorm)."""
     report = _last_json(_COMPILE_GPU_NORM, TINY + ["model.attention_dropout_rate=0", "model.dtype=bfloat16"],
                         _cuda_env())
     grouped, optax_norm = report["True"], report["False"]
-    assert grouped["launches"] <= optax_norm["launches"] - 30, report
+    assert grouped["launches"] <= optax_norm["launches"] - 25, report
     assert grouped["bytes"] == pytest.approx(optax_norm["bytes"], rel=0.01), report
 
 

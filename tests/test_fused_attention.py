@@ -149,6 +149,9 @@ def test_shapes_the_kernel_does_not_take_are_refused():
         fused_attention.attention(*qkv, jnp.array(LENGTHS), streams, rate=0.1, blocks=(48, 32), interpret=True)
     with pytest.raises(ValueError, match="streams of a dropout key"):
         fused_attention.attention(*qkv, jnp.array(LENGTHS), None, rate=0.1, interpret=True)
+    for launch in (((3, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2),), 4):  # warps not a power of two, no stage, ...
+        with pytest.raises(ValueError, match=r"attention launch .*: expected \(\(num_warps, num_stages\) forward"):
+            fused_attention.attention(*qkv, jnp.array(LENGTHS), streams, rate=0.1, launch=launch, interpret=True)
     with pytest.raises(ValueError, match=r"attention_stacked takes \[B, L, 3, H, K\]; got shape \(3, 128, 2, 16\)"):
         fused_attention.attention_stacked(qkv[0], jnp.array(LENGTHS), streams, rate=0.1, interpret=True)
 

@@ -112,7 +112,33 @@ def test_the_model_has_the_same_parameters_and_without_dropout_the_same_outputs(
     np.testing.assert_allclose(pallas_logits, xla_logits, rtol=1e-5, atol=1e-5)
 
 
+def test_the_kernel_draws_the_hashed_dropouts_masks():
+    """GPU programs' XLA path (`dropout_mask=hash`, no XLA:CPU variants) hashes its hidden dropout
+    from the same streams by the same rule, so `residual_norm=auto` changed no mask: in float32
+    the kernel's logits are the XLA path's within 1e-5, where another dropout key moves them by
+    over 1e-2."""
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+    mask = jnp.ones((2, 16), jnp.int32)
+    logits = {}
+    for residual_norm, key in (("xla", 2), ("pallas", 2), ("xla", 3)):
+        config = dataclasses.replace(_model_config(residual_norm), dropout_rate=0.1, dropout_mask="hash",
+                                     xla_cpu_variants="never")
+        assert config.dtype == "float32"
+        model = BertForMaskedLM(config)
+        params = model.init({"params": jax.random.key(0)}, ids, mask, deterministic=True)
+        logits[residual_norm, key] = np.asarray(model.apply(params, ids, mask, deterministic=False,
+                                                            rngs={"dropout": jax.random.key(key)}))
+    np.testing.assert_allclose(logits["pallas", 2], logits["xla", 2], rtol=1e-5, atol=1e-5)
+    assert np.abs(logits["xla", 3] - logits["xla", 2]).max() > 1e-2
+
+
 def test_platforms_settle_the_kernel_and_a_tpu_program_refuses_it():
+    auto = _model_config("auto")
+    assert load_config("base").model.residual_norm == "auto"  # the default
+    bf16 = dataclasses.replace(auto, dtype="bfloat16")
+    assert [for_platform(bf16, p).residual_norm for p in ("gpu", "cuda", "cpu", "tpu")] == [
+        "pallas-triton", "pallas-triton", "xla", "xla"]
+    assert for_platform(dataclasses.replace(auto, dtype="float32"), "gpu").residual_norm == "xla"
     config = _model_config("pallas")
     assert for_platform(config, "cuda").residual_norm == "pallas-triton"
     assert for_platform(config, "cpu").residual_norm == "pallas-interpret"

@@ -21,7 +21,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
     assert [r["variant"] for r in results] == [
         "attention-check", "attention-kernels", "layer-norm-kernels", "gelu-kernels", "launch-cost",
-        "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
+        "attention-tuning", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
@@ -62,6 +62,11 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     small, large = record["points"]
     assert large["k"] > small["k"] and large["kernels"] >= large["k"] > small["kernels"] >= small["k"], record
     assert large["ms_per_call"] > 0 and small["ms_per_call"] > 0 and "us per kernel" in proc.stdout, record
+    assert all(0 < p["host_ms_per_call"] <= p["ms_per_call"] for p in record["points"]), record  # a prefix of it
+    # Our attention kernel per configuration (interpreted: two), the forward alone and with the backward.
+    record = results.pop(0)
+    assert len(record["forms"]) == 2 and all(f["ms_fwd_bwd"] > 0 and f["ms_fwd"] > 0
+                                             for f in record["forms"].values()), record
     for r in results:
         assert set(r["phases_s"]) >= {"init", "warm_up"}, r
         assert "error" not in r, r
@@ -95,7 +100,7 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent"] * 7  # the CPU plan, none run
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 8  # the CPU plan, none run
 
 
 def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
