@@ -373,13 +373,13 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
 
 
 def for_evaluation(config: ModelConfig) -> ModelConfig:
-    """`config` for evaluation, where nothing is dropped: the Pallas kernels' choices go back to the
-    XLA LayerNorm and "auto" attention, which compute the same function there on every platform
-    (the interpreted kernels are slow on CPUs, and TPU programs refuse the residual LayerNorm's;
-    "auto" may take the Triton attention again on GPUs). The parameters are the same."""
+    """`config` for evaluation, where nothing is dropped: the Pallas kernels' choices go back to
+    "auto", which computes the same function there on every platform (XLA's paths on CPUs, where
+    the interpreted kernels are slow, and on TPUs, which refuse the residual LayerNorm's; "auto"
+    may take the Triton kernels again on GPUs). The parameters are the same."""
     changes = {}
-    if config.residual_norm != "xla":
-        changes["residual_norm"] = "xla"
+    if config.residual_norm not in ("xla", "auto"):
+        changes["residual_norm"] = "auto"
     if config.attention in PALLAS_ATTENTION:
         changes["attention"] = "auto"
     return dataclasses.replace(config, **changes) if changes else config

@@ -155,9 +155,9 @@ def test_training_with_the_kernel_resumes_to_the_same_losses(tmp_path):
 
 
 def test_a_run_trained_with_the_kernels_is_evaluated_on_the_xla_paths(tmp_path):
-    """Evaluation drops nothing, so `checkpoints.restore_for_eval` gives the config the XLA paths
-    (`model.for_evaluation`: the interpreted kernels are slow, and TPUs refuse this one); on the
-    restored parameters they give the kernels' logits."""
+    """Evaluation drops nothing, so `checkpoints.restore_for_eval` gives the config "auto", the XLA
+    paths off GPUs (`model.for_evaluation`: the interpreted kernels are slow, and TPUs refuse this
+    one); on the restored parameters they give the kernels' logits."""
     from pmi_jax import batches, checkpoints, train
 
     config = apply_overrides(load_config("tiny"), [*resume_check.TINY, "train.num_steps=2", "model.residual_norm=pallas",
@@ -166,7 +166,8 @@ def test_a_run_trained_with_the_kernels_is_evaluated_on_the_xla_paths(tmp_path):
     workdir = str(tmp_path / "run")
     assert train.train(config, workdir, source, devices=jax.devices()[:1]).step == 2
     evaluated, params, _ = checkpoints.restore_for_eval(workdir)
-    assert (evaluated.residual_norm, evaluated.attention) == ("xla", "auto")
+    assert (evaluated.residual_norm, evaluated.attention) == ("auto", "auto")
+    assert for_platform(evaluated, "cpu").residual_norm == "xla"
     assert dataclasses.replace(evaluated, residual_norm="pallas", attention="pallas") == config.model
     ids = jax.random.randint(jax.random.key(1), (2, 32), 0, config.model.vocab_size)
     mask = jnp.ones((2, 32), jnp.int32)
