@@ -471,33 +471,23 @@ def attention_tuning(platform: str | None, repeats: int = 20) -> dict:
     bias_3xHxK = jnp.zeros((3, h, k), jnp.bfloat16)
     configs = ([(blocks, launch) for blocks in TUNING_BLOCKS for launch in TUNING_LAUNCH] if on_gpu else
                [(fused_attention.DEFAULT_BLOCKS, fused_attention.DEFAULT_LAUNCH[0]), ((32, 32), (8, 3))])
-    forms, forward = {}, {}
-    for blocks, launch in configs:
-        name = f"blocks {blocks[0]}x{blocks[1]}, warps {launch[0]}, stages {launch[1]}"
-        forms[name] = (lambda x, bias, blocks=blocks, launch=launch: fused_attention.attention_stacked(
-            x, lengths_B, streams, bias, rate=0.1, blocks=blocks, launch=(launch, launch), interpret=not on_gpu))
-        try:
-            call = jax.jit(forms[name])
-            for _ in range(2):  # the process's first call is slow twice
-                jax.block_until_ready(call(qkv_BxLx3xHxK, bias_3xHxK))
-            times = []
-            for _ in range(repeats if on_gpu else 1):
-                t = time.perf_counter()
-                jax.block_until_ready(call(qkv_BxLx3xHxK, bias_3xHxK))
-                times.append(time.perf_counter() - t)
-            forward[name] = round(1e3 * statistics.median(times), 3)
-        except Exception:  # noqa: BLE001 - recorded below, from the forward and backward's own try
-            forward[name] = None
-    timed = _time_forms(forms, (qkv_BxLx3xHxK, bias_3xHxK), g, repeats if on_gpu else 1)
+    forms = {f"blocks {blocks[0]}x{blocks[1]}, warps {launch[0]}, stages {launch[1]}":
+             (lambda x, bias, blocks=blocks, launch=launch: fused_attention.attention_stacked(
+                 x, lengths_B, streams, bias, rate=0.1, blocks=blocks, launch=(launch, launch), interpret=not on_gpu))
+             for blocks, launch in configs}
+    inputs, repeats = (qkv_BxLx3xHxK, bias_3xHxK), repeats if on_gpu else 1
+    timed = _time_forms(forms, inputs, g, repeats)
+    forward = _time_forms(forms, inputs, g, repeats, backward=False)
     for name, record in timed.items():
-        if forward[name] is not None:
-            record["ms_fwd"] = forward[name]
+        if "ms_fwd" in forward[name]:
+            record["ms_fwd"] = forward[name]["ms_fwd"]
     return {"variant": TUNING.name, "what": "our attention kernel, stacked input, dropout 0.1, per configuration",
             "shape": [b, qkv[0].shape[1], 3, h, k], "forms": timed}
 
 
-def _time_forms(forms: dict, inputs: tuple, g, repeats: int) -> dict:
-    """Median and least ms of value_and_grad of sum(fn(*inputs) * g) in all inputs, per form."""
+def _time_forms(forms: dict, inputs: tuple, g, repeats: int, backward: bool = True) -> dict:
+    """Median and least ms of value_and_grad of sum(fn(*inputs) * g) in all inputs, per form
+    ("ms_fwd_bwd"); with `backward` False, of fn(*inputs) alone ("ms_fwd")."""
     import jax
     import jax.numpy as jnp
 
@@ -505,14 +495,14 @@ def _time_forms(forms: dict, inputs: tuple, g, repeats: int) -> dict:
     for name, fn in forms.items():
         try:
             step = jax.jit(jax.value_and_grad(lambda *p, fn=fn: jnp.sum((fn(*p) * g).astype(jnp.float32)),
-                                              argnums=tuple(range(len(inputs)))))
+                                              argnums=tuple(range(len(inputs))))) if backward else jax.jit(fn)
             jax.block_until_ready(step(*inputs))
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
                 jax.block_until_ready(step(*inputs))
                 times.append(time.perf_counter() - t)
-            results[name] = {"ms_fwd_bwd": round(1e3 * statistics.median(times), 3),
+            results[name] = {"ms_fwd_bwd" if backward else "ms_fwd": round(1e3 * statistics.median(times), 3),
                              "ms_min": round(1e3 * min(times), 3)}
         except Exception as e:  # noqa: BLE001 - one form that does not lower must not cost the others
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
