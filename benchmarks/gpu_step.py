@@ -538,7 +538,7 @@ def _same_mask_errors(q, kk, v, g, valid_BxL, streams, ours) -> dict:
     mask = fused_attention.keep_mask(streams, q.shape[1], 0.1)
 
     def written(q, kk, v):
-        return written_attention(q, kk, v, valid_BxL, mask, 0.9)
+        return written_attention(q, kk, v, valid_BxL, mask, fused_attention.keep_probability(0.1))
 
     return _errors_against_float32(written, {"ours": ours, "written bf16": written}, (q, kk, v), g,
                                    ("out", "dq", "dk", "dv"))

@@ -5,7 +5,12 @@ shapes for one GPU of `--gpu` (h100, h200: `pmi_jax.compile_only.gpu_devices`, t
 descriptions; no GPU needed, JAX's CUDA plugin must be importable). Prints and
 writes OUTPUT/pallas_attention_compile.json: per form, compile seconds, the Triton calls in the
 optimized HLO, the temporaries. `--step-attention pallas auto` adds the trainer's BERT-base step
-(the paper's setting, batch 32 x 512, bf16) with each `model.attention`. Run on a CPU-only machine as
+(the paper's setting, batch 32 x 512, bf16) with each `model.attention`. `--ptx` also has XLA
+write each kernel's PTX (under OUTPUT/ptx) and counts the instructions of every loop a kernel
+runs per key or query block (per thread; with 64 x 64 blocks and 4 warps each thread holds 32 of
+the block's entries): the kernels' loops issue more instructions than their matmuls take, so
+this count is what their changes are judged by before a GPU times them. Run on a CPU-only
+machine as
 
     JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
         --gpu h100 --output DIR
@@ -15,14 +20,18 @@ Figures: benchmarks/README.md, "Pallas attention".
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
 import os
+import re
 import time
 
 SHAPES = {"base": (32, 512, 12, 64), "large": (32, 512, 16, 64)}
 
 
-def compile_forms(gpu: str) -> list[dict]:
+def compile_forms(gpu: str, only_first: bool = False) -> list[dict]:
+    """Each size and rate, or with `only_first` BERT-base with dropout 0.1 alone (one set of kernels to dump)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -58,6 +67,8 @@ def compile_forms(gpu: str) -> list[dict]:
                             "temp_mib": round(memory.temp_size_in_bytes / 2**20, 2) if memory else None,
                             "jax": jax.__version__})
             print(json.dumps(records[-1]), flush=True)
+            if only_first:
+                return records
     return records
 
 
@@ -84,17 +95,66 @@ def compile_step(gpu: str, attention: str) -> dict:
     return record
 
 
+def loop_mix(ptx: str) -> list[dict]:
+    """Each loop of a PTX kernel (a label and the backward branch to it): its instructions, the
+    matmul instructions among them, the special-function ones (exp2, division) and the commonest."""
+    lines = ptx.split(".entry", 1)[1].splitlines()
+    labels, loops = {}, []
+    for i, line in enumerate(lines):
+        label = re.match(r"\s*(\$L__\w+):", line)
+        if label:
+            labels[label.group(1)] = i
+        branch = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if branch and branch.group(1) in labels:
+            loops.append((labels[branch.group(1)], i))
+    out = []
+    for start, end in loops:
+        ops = collections.Counter()
+        for line in lines[start:end + 1]:
+            text = re.sub(r"^@!?%p\d+\s+", "", line.strip())
+            if text and not text.startswith(("//", "$", ".", "{", "}")):
+                ops[text.split()[0].rstrip(";")] += 1
+        out.append({"instructions": sum(ops.values()),
+                    "mma": sum(n for op, n in ops.items() if op.startswith("wgmma.mma_async") or op.startswith("mma.")),
+                    "special": sum(n for op, n in ops.items() if op.startswith(("ex2", "div", "rcp"))),
+                    "top": dict(ops.most_common(12))})
+    return out
+
+
+def ptx_loops(directory: str) -> dict:
+    """{kernel name: its loops' `loop_mix`} over the PTX files XLA wrote to `directory`."""
+    kernels = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.ptx"))):
+        with open(path, encoding="utf-8") as f:
+            ptx = f.read()
+        entry = re.search(r"\.entry (\w+)", ptx)
+        if entry and entry.group(1).startswith("attention"):
+            kernels[entry.group(1)] = loop_mix(ptx)
+    return kernels
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="the GPU to compile for")
     parser.add_argument("--output", required=True, help="directory for pallas_attention_compile.json")
     parser.add_argument("--step-attention", nargs="*", default=[], help="model.attention values for the whole step")
+    parser.add_argument("--ptx", action="store_true", help="count each kernel loop's PTX instructions (BERT-base, "
+                        "dropout 0.1)")
     args = parser.parse_args(argv)
-    records = compile_forms(args.gpu) + [compile_step(args.gpu, a) for a in args.step_attention]
     os.makedirs(args.output, exist_ok=True)
+    ptx_dir = os.path.join(args.output, "ptx")
+    if args.ptx:  # before JAX starts its backend: XLA reads its flags once
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={ptx_dir}"
+                                   " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
+    records = compile_forms(args.gpu, only_first=args.ptx) + [compile_step(args.gpu, a) for a in args.step_attention]
+    result = {"results": records}
+    if args.ptx:
+        result["ptx_loops"] = ptx_loops(ptx_dir)
+        for name, loops in result["ptx_loops"].items():
+            print(name, json.dumps([{k: v for k, v in loop.items() if k != "top"} for loop in loops]))
     path = os.path.join(args.output, "pallas_attention_compile.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"results": records}, f, indent=1)
+        json.dump(result, f, indent=1)
     os.replace(path + ".tmp", path)
 
 

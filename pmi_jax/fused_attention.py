@@ -1,13 +1,13 @@
 """Flash attention with the paper's attention dropout drawn inside the kernel (Pallas; Triton on GPUs).
 
 Written out, attention dropout stores [B, H, L, L] scores, probabilities and mask; cuDNN's fused
-dropout follows a static seed, so a resumed run would draw other masks. Here entry (b, h, q, k)
-is kept where lowbias32(row word + column word) < round((1 - rate) 2^32), the words being
-lowbias32 of per-(b, h) streams (random bits of the layer's dropout key) plus q or k: plain
-uint32 arithmetic that the forward kernel, both backward kernels and `keep_mask` (jnp, for tests)
-evaluate alike, so nothing [L, L] is stored and the same key redraws the same mask. Padding is
-a suffix given by each sequence's length. Why and what is tested: docs/gpu.md, "The Pallas
-attention with in-kernel dropout".
+dropout follows a static seed, so a resumed run would draw other masks. Here entries (b, h, q,
+2j) and (b, h, q, 2j + 1) take the low and high 16 bits of lowbias32(row word + column word),
+the words being lowbias32 of per-(b, h) streams (random bits of the layer's dropout key) plus q
+or j, and are kept below `keep_threshold16(1 - rate)`: uint32 arithmetic that the forward
+kernel, both backward kernels and `keep_mask` (jnp, for tests) evaluate alike, so nothing [L, L]
+is stored and the same key redraws the same mask. Padding is a suffix given by each sequence's
+length. Why and what is tested: docs/gpu.md, "The Pallas attention with in-kernel dropout".
 
 Shape suffixes: B batch, L length, H heads, K head dim, Q and S query and key block.
 """
@@ -22,8 +22,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["attention", "attention_stacked", "dropout_streams", "entry_bits", "keep_mask", "keep_threshold",
-           "padded_length"]
+__all__ = ["attention", "attention_stacked", "dropout_streams", "entry_bits", "entry_keep", "keep_mask",
+           "keep_probability", "keep_threshold", "keep_threshold16", "padded_length"]
 
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _LOG2E = math.log2(math.e)
@@ -54,6 +54,38 @@ def keep_threshold(rate: float) -> int:
     return min(round((1.0 - rate) * 2**32), 2**32 - 1)
 
 
+def keep_threshold16(keep_prob: float) -> int:
+    """16 random bits below this keep their element: round(keep_prob 2^16), within [1, 2^16 - 1].
+
+    The realised keep probability is threshold / 2^16, within 2^-17 of keep_prob: for BERT's
+    dropout 0.1, 58982 / 65536 = 0.899993896484375 (a drop rate of 0.100006103515625).
+    """
+    return min(max(round(keep_prob * 2**16), 1), 2**16 - 1)
+
+
+def keep_probability(rate: float) -> float:
+    """The share of entries the attention keeps at dropout `rate` (kept ones are divided by it)."""
+    return keep_threshold16(1.0 - rate) / 2**16 if rate > 0.0 else 1.0
+
+
+def _halves_below(bits, threshold16):
+    """(low 16 bits < threshold16, high 16 bits < threshold16) of uint32 `bits`."""
+    shifted = jnp.uint32(threshold16 << 16)
+    return (bits << 16) < shifted, bits < shifted
+
+
+def entry_keep(row_stream, col_stream, q_Q, k_S, rate: float):
+    """bool [Q, S]: whether attention dropout at `rate` keeps entries (q, k) of one (b, h) (uint32
+    positions).
+
+    Columns 2j and 2j + 1 take the halves of one hash (`entry_bits` of column j): half the
+    kernels' integer work per entry, which bounded their loops (benchmarks/README.md).
+    """
+    bits_QxS = entry_bits(row_stream, col_stream, q_Q, k_S >> 1)
+    to_top_1xS = (((k_S & 1) ^ 1) << 4)[None, :]  # an even column's bits are the low half: shift by 16
+    return (bits_QxS << to_top_1xS) < jnp.uint32(keep_threshold16(1.0 - rate) << 16)
+
+
 def dropout_streams(rng, batch: int, heads: int) -> jax.Array:
     """uint32 [B, H, 2]: the row and column streams of every (b, h), drawn from a dropout key."""
     return jax.random.bits(rng, (batch, heads, 2), jnp.uint32)
@@ -62,8 +94,7 @@ def dropout_streams(rng, batch: int, heads: int) -> jax.Array:
 def keep_mask(streams_BxHx2, length: int, rate: float) -> jax.Array:
     """bool [B, H, L, L]: the entries the kernel keeps, computed in plain jnp (tests, references)."""
     pos_L = jnp.arange(length, dtype=jnp.uint32)
-    bits = jax.vmap(jax.vmap(lambda s: entry_bits(s[0], s[1], pos_L, pos_L)))(streams_BxHx2)
-    return bits < jnp.uint32(keep_threshold(rate))
+    return jax.vmap(jax.vmap(lambda s: entry_keep(s[0], s[1], pos_L, pos_L, rate)))(streams_BxHx2)
 
 
 def _blocks(length: int, blocks: tuple[int, int]) -> tuple[int, int]:
@@ -87,16 +118,30 @@ def _key_blocks(length, block_k):
 
 
 def _scores(q_QxK, k_SxK, key_start, length, scale):
-    """Scaled scores in log2 units, float32 [Q, S]; keys at or past `length` masked."""
+    """Scaled scores in log2 units, float32 [Q, S]; keys at or past `length` masked (None: a block
+    of valid keys, no mask)."""
     s_QxS = plgpu.dot(q_QxK, k_SxK, trans_b=True) * (scale * _LOG2E)
+    if length is None:
+        return s_QxS
     key_S = key_start + jnp.arange(k_SxK.shape[0])
     return jnp.where(key_S[None, :] < length, s_QxS, _MASK)
 
 
-def _keep(streams_ref, q_start, block_q, k_start, block_k, threshold):
+def _over_key_blocks(length, block_k, body, init):
+    """fori_loop of `body(j, carry, length)` over the key blocks holding a valid key: the full ones
+    given None (no padding mask to compute), then the partial last one, if any, given `length`."""
+    full = length // block_k
+    carry = jax.lax.fori_loop(0, full, lambda j, carry: body(j, carry, None), init)
+    return jax.lax.fori_loop(full, _key_blocks(length, block_k), lambda j, carry: body(j, carry, length), carry)
+
+
+def _keep(streams_ref, q_start, block_q, k_start, block_k, rate):
+    """`entry_keep` of one block: each pair's hash once, its halves joined along the columns (in
+    registers: Triton's join keeps both in the thread that holds the adjacent columns)."""
     q_Q = q_start + jnp.arange(block_q)
-    k_S = k_start + jnp.arange(block_k)
-    return entry_bits(streams_ref[0], streams_ref[1], q_Q, k_S) < jnp.uint32(threshold)
+    j_P = k_start // 2 + jnp.arange(block_k // 2)
+    halves = _halves_below(entry_bits(streams_ref[0], streams_ref[1], q_Q, j_P), keep_threshold16(1.0 - rate))
+    return jnp.stack(halves, axis=-1).reshape(block_q, block_k)
 
 
 def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate, block_k):
@@ -105,16 +150,16 @@ def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_re
     q_start = pl.program_id(2) * block_q
     q_QxK = q_ref[...]
 
-    def body(j, carry):
+    def body(j, carry, mask_length):
         o_QxK, m_Q, l_Q = carry
         k_start = j * block_k
-        s_QxS = _scores(q_QxK, k_ref[pl.ds(k_start, block_k), :], k_start, length, scale)
+        s_QxS = _scores(q_QxK, k_ref[pl.ds(k_start, block_k), :], k_start, mask_length, scale)
         m_next_Q = jnp.maximum(m_Q, jnp.max(s_QxS, axis=1))
         correction_Q = jnp.exp2(m_Q - m_next_Q)
         p_QxS = jnp.exp2(s_QxS - m_next_Q[:, None])
         l_Q = correction_Q * l_Q + jnp.sum(p_QxS, axis=1)  # the softmax's sum: before dropout
         if rate > 0.0:
-            p_QxS = jnp.where(_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate)),
+            p_QxS = jnp.where(_keep(streams_ref, q_start, block_q, k_start, block_k, rate),
                               p_QxS, 0.0)
         v_SxK = v_ref[pl.ds(k_start, block_k), :]
         o_QxK = correction_Q[:, None] * o_QxK + plgpu.dot(p_QxS.astype(v_SxK.dtype), v_SxK)
@@ -122,21 +167,23 @@ def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_re
 
     init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
-    o_QxK, m_Q, l_Q = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, init)
-    o_ref[...] = (o_QxK / (l_Q * (1.0 - rate))[:, None]).astype(o_ref.dtype)
+    o_QxK, m_Q, l_Q = _over_key_blocks(length, block_k, body, init)
+    o_ref[...] = (o_QxK / (l_Q * keep_probability(rate))[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m_Q + jnp.log2(l_Q)
 
 
-def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, delta_Q, keep_QxS, k_start, length, scale, rate):
-    """The probabilities after dropout and the scores' gradient (softmax backward) of one block."""
-    p_QxS = jnp.exp2(_scores(q_QxK, k_SxK, k_start, length, scale) - lse_Q[:, None])
+def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, kept_delta_Q, keep_QxS, k_start, mask_length, scale):
+    """The kept probabilities and the scores' gradient of one block, each the keep probability times
+    its value (`kept_delta_Q` is the row term times it): the kernels divide their sums by it once,
+    not every entry (a division per entry is a special-function instruction, as exp2 is)."""
+    p_QxS = jnp.exp2(_scores(q_QxK, k_SxK, k_start, mask_length, scale) - lse_Q[:, None])
     dp_QxS = plgpu.dot(do_QxK, v_SxK, trans_b=True)
     if keep_QxS is not None:
-        dp_QxS = jnp.where(keep_QxS, dp_QxS, 0.0) / (1.0 - rate)
-        dropped_QxS = jnp.where(keep_QxS, p_QxS, 0.0) / (1.0 - rate)
+        dp_QxS = jnp.where(keep_QxS, dp_QxS, 0.0)
+        kept_QxS = jnp.where(keep_QxS, p_QxS, 0.0)
     else:
-        dropped_QxS = p_QxS
-    return dropped_QxS, p_QxS * (dp_QxS - delta_Q[:, None])
+        kept_QxS = p_QxS
+    return kept_QxS, p_QxS * (dp_QxS - kept_delta_Q[:, None])
 
 
 def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, rate,
@@ -146,25 +193,28 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
     k_start = pl.program_id(2) * block_k
     k_SxK, v_SxK = k_ref[...], v_ref[...]
 
-    def body(i, carry):
+    def body(i, carry, mask_length):
         dk_SxK, dv_SxK = carry
         q_start = i * block_q
         rows = pl.ds(q_start, block_q)
         q_QxK, do_QxK = q_ref[rows, :], do_ref[rows, :]
-        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate))
+        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, rate)
                     if rate > 0.0 else None)
-        dropped_QxS, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_ref[rows], delta_ref[rows],
-                                              keep_QxS, k_start, length, scale, rate)
-        dv_SxK = dv_SxK + plgpu.dot(dropped_QxS.astype(do_QxK.dtype), do_QxK, trans_a=True)
+        kept_QxS, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_ref[rows], delta_ref[rows], keep_QxS,
+                                           k_start, mask_length, scale)
+        dv_SxK = dv_SxK + plgpu.dot(kept_QxS.astype(do_QxK.dtype), do_QxK, trans_a=True)
         dk_SxK = dk_SxK + plgpu.dot(ds_QxS.astype(q_QxK.dtype), q_QxK, trans_a=True)
         return dk_SxK, dv_SxK
 
-    # Key blocks wholly past the length get no weight: zero gradients, no loop.
+    # Key blocks wholly past the length get no weight: zero gradients, no loop. A block of valid
+    # keys takes the loop without the padding mask, a partial one the loop with it.
     in_range = (k_start < _key_blocks(length, block_k) * block_k).astype(jnp.int32)
+    partial = (k_start + block_k > length).astype(jnp.int32)
     query_blocks = in_range * (q_ref.shape[0] // block_q)
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
-    dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks, body, (zeros, zeros))
-    dk_SxK = dk_SxK * scale
+    carry = jax.lax.fori_loop(0, query_blocks * (1 - partial), lambda i, c: body(i, c, None), (zeros, zeros))
+    dk_SxK, dv_SxK = jax.lax.fori_loop(0, query_blocks * partial, lambda i, c: body(i, c, length), carry)
+    dk_SxK, dv_SxK = dk_SxK * (scale / keep_probability(rate)), dv_SxK / keep_probability(rate)
     if stacked:
         # refs: the dQ kernel's [B, L, 3, H, K] output (unread); a [block, 3, K] block of it, aliased,
         # whose slots 1 and 2 this kernel writes (slot 0 holds dQ); this block's sums of dK and dV.
@@ -186,22 +236,24 @@ def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o
     q_start = pl.program_id(2) * block_q
     q_QxK, do_QxK, lse_Q = q_ref[...], do_ref[...], lse_ref[...]
     # The softmax's row term: rowsum(dP' * P') over the dropped probabilities P' is rowsum(dO * O),
-    # no [L, L] term; written out for the dK/dV kernel, which runs after this one.
+    # no [L, L] term; times the keep probability (`_probs_and_grad`), written out for the dK/dV
+    # kernel, which runs after this one.
     delta_Q = jnp.sum(do_QxK.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
+    delta_Q = delta_Q * keep_probability(rate)
     delta_ref[...] = delta_Q
 
-    def body(j, dq_QxK):
+    def body(j, dq_QxK, mask_length):
         k_start = j * block_k
         cols = pl.ds(k_start, block_k)
         k_SxK = k_ref[cols, :]
-        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, keep_threshold(rate))
+        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, rate)
                     if rate > 0.0 else None)
         _, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_ref[cols, :], do_QxK, lse_Q, delta_Q, keep_QxS, k_start,
-                                    length, scale, rate)
+                                    mask_length, scale)
         return dq_QxK + plgpu.dot(ds_QxS.astype(k_SxK.dtype), k_SxK)
 
-    dq_QxK = jax.lax.fori_loop(0, _key_blocks(length, block_k), body, jnp.zeros((block_q, head_dim), jnp.float32))
-    dq_QxK = dq_QxK * scale
+    dq_QxK = _over_key_blocks(length, block_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
+    dq_QxK = dq_QxK * (scale / keep_probability(rate))
     dq_ref[...] = dq_QxK.astype(dq_ref.dtype)
     if dbias_ref is not None:  # this block's part of the query bias's gradient
         dbias_ref[...] = jnp.sum(dq_QxK, axis=0)
@@ -350,7 +402,8 @@ def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *,
 
     Keys at or past each sequence's length take no weight. With `rate` > 0, entry (b, h, q, k)
     is kept where `keep_mask(streams_BxHx2, L, rate)` holds it, and kept entries are scaled by
-    1 / (1 - rate). Differentiable in q, k and v; the backward pass regenerates the mask.
+    1 / `keep_probability(rate)` (1 / (1 - rate) to within 7e-6). Differentiable in q, k and v;
+    the backward pass regenerates the mask.
     `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a GPU;
     `launch` is Triton's (num_warps, num_stages) forward and backward (`DEFAULT_LAUNCH`).
     Any L: the kernel runs on inputs padded to `padded_length(L)`; the padding keys lie past

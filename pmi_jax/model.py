@@ -140,15 +140,6 @@ def _keep_mask(rng, keep_prob: float, shape) -> jax.Array:
     return uniform < keep_prob
 
 
-def keep_threshold16(keep_prob: float) -> int:
-    """The 16-bit threshold of `_keep_mask16`: an element is kept where its 16 bits are below it.
-
-    The realised keep probability is threshold / 2^16, within 2^-17 of keep_prob: for BERT's
-    dropout 0.1, 58982 / 65536 = 0.899993896484375 (a drop rate of 0.100006103515625).
-    """
-    return min(max(round(keep_prob * 2**16), 1), 2**16 - 1)
-
-
 def _keep_mask16(rng, keep_prob: float, shape) -> tuple[jax.Array, float]:
     """(mask, realised keep probability): Bernoulli(threshold / 2^16) from 16 bits per element.
 
@@ -162,7 +153,7 @@ def _keep_mask16(rng, keep_prob: float, shape) -> tuple[jax.Array, float]:
     the same realised probability for non-threefry keys, a second-to-last axis not divisible
     by 4, and 2^34 elements or more.
     """
-    threshold = keep_threshold16(keep_prob)
+    threshold = fused_attention.keep_threshold16(keep_prob)
     realised = threshold / 2**16
     key_words = _threefry_key_words(rng)
     if key_words is None or len(shape) < 2 or shape[-2] % 4 or math.prod(shape) >= 2**34:
@@ -208,7 +199,7 @@ class Dropout(nn.Dropout):
 
     `mask` (settled by `_dropout` from the config): "cpu", the XLA:CPU variant `_keep_mask`
     (half the random-number work of flax's); "bits16", `_keep_mask16` (16 bits per element,
-    GPU programs: fewer bytes; the keep probability is then `keep_threshold16`'s);
+    GPU programs: fewer bytes; the keep probability is then `fused_attention.keep_threshold16`'s);
     "hash", `_hashed_dropout` on [B, L, D] (GPU programs: no mask in memory; bernoulli for
     other ranks); "bernoulli", `jax.random.bernoulli` (TPU programs). Either way it is applied as
     (inputs * mask) / keep probability, the same numbers as flax's select between inputs / keep_prob

@@ -1,7 +1,7 @@
 """Attention with the paper's attention dropout drawn inside the kernel, for TPUs (Pallas on Mosaic).
 
-The TPU counterpart of `pmi_jax.fused_attention` (Triton), with the same keep rule (`entry_bits`,
-`keep_threshold`, `dropout_streams` are that module's), so a TPU run draws the masks a GPU run and
+The TPU counterpart of `pmi_jax.fused_attention` (Triton), with the same keep rule (`entry_keep`,
+`keep_probability`, `dropout_streams` are that module's), so a TPU run draws the masks a GPU run and
 `keep_mask` draw from the same streams. Not a flash attention: BERT's rows (at most
 `MAX_LENGTH` keys) fit a TensorCore's VMEM whole, so each grid step takes one sequence and the
 heads of one 128-lane tile of the [B, L, H K] activations (two of BERT's 64-wide heads), reads
@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pmi_jax.fused_attention import dropout_streams, entry_bits, keep_mask, keep_threshold
+from pmi_jax.fused_attention import dropout_streams, entry_keep, keep_mask, keep_probability
 
 __all__ = ["attention", "check_shapes", "dropout_streams", "keep_mask", "MAX_LENGTH"]
 
@@ -55,11 +55,12 @@ def _scores(q_LxK, k_LxK, length, scale):
 
 
 def _keep(streams_ref, b, head, heads, length, rate):
-    """bool [L, L]: the entries of (b, head) that dropout keeps (`fused_attention.entry_bits`)."""
+    """bool [L, L]: the entries of (b, head) that dropout keeps (`fused_attention.entry_keep`, each
+    entry's hash whole: the GPU kernel's join of two halves is no TPU lane layout)."""
     i = 2 * (b * heads + head)
     pos_L = jax.lax.broadcasted_iota(jnp.int32, (length,), 0).astype(jnp.uint32)
     row, col = (jax.lax.bitcast_convert_type(streams_ref[i + n], jnp.uint32) for n in (0, 1))
-    return entry_bits(row, col, pos_L, pos_L) < jnp.uint32(keep_threshold(rate))
+    return entry_keep(row, col, pos_L, pos_L, rate)
 
 
 def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, head_dim, heads, rate):
@@ -76,7 +77,7 @@ def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_re
         if rate > 0.0:
             p_LxL = jnp.where(_keep(streams_ref, b, block * per_block + j, heads, s_LxL.shape[0], rate), p_LxL, 0.0)
         o_LxK = jnp.dot(p_LxL.astype(v_LxK.dtype), v_LxK, preferred_element_type=jnp.float32)
-        outs.append(o_LxK / (l_Lx1 * (1.0 - rate)))
+        outs.append(o_LxK / (l_Lx1 * keep_probability(rate)))
         lse_ref[j, :] = (m_Lx1 + jnp.log(l_Lx1))[:, 0]
     o_ref[...] = jnp.concatenate(outs, axis=1).astype(o_ref.dtype)
 
@@ -86,22 +87,27 @@ def _backward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, do_re
     b, block = pl.program_id(0), pl.program_id(1)
     length, per_block, scale = lengths_ref[b], q_ref.shape[1] // head_dim, head_dim ** -0.5
     grads = {"dq": [], "dk": [], "dv": []}
+    keep_prob = keep_probability(rate)
     for j in range(per_block):
         lanes = slice(j * head_dim, (j + 1) * head_dim)
         q_LxK, k_LxK, v_LxK, do_LxK = (r[:, lanes] for r in (q_ref, k_ref, v_ref, do_ref))
         p_LxL = jnp.exp(_scores(q_LxK, k_LxK, length, scale) - lse_ref[j, :][:, None])
         # rowsum(dP' * P') over the dropped probabilities P' equals rowsum(dO * O): no [L, L] term.
-        delta_Lx1 = jnp.sum(do_LxK.astype(jnp.float32) * o_ref[:, lanes].astype(jnp.float32), axis=1, keepdims=True)
+        # The kept entries' terms are the keep probability times theirs (`fused_attention`'s
+        # `_probs_and_grad`): the sums are divided by it once, not each entry.
+        delta_Lx1 = jnp.sum(do_LxK.astype(jnp.float32) * o_ref[:, lanes].astype(jnp.float32), axis=1,
+                            keepdims=True) * keep_prob
         dp_LxL = jax.lax.dot_general(do_LxK, v_LxK, _NT, preferred_element_type=jnp.float32)
-        dropped_LxL = p_LxL
+        kept_LxL = p_LxL
         if rate > 0.0:
             keep_LxL = _keep(streams_ref, b, block * per_block + j, heads, p_LxL.shape[0], rate)
-            dp_LxL = jnp.where(keep_LxL, dp_LxL, 0.0) / (1.0 - rate)
-            dropped_LxL = jnp.where(keep_LxL, p_LxL, 0.0) / (1.0 - rate)
+            dp_LxL = jnp.where(keep_LxL, dp_LxL, 0.0)
+            kept_LxL = jnp.where(keep_LxL, p_LxL, 0.0)
         ds_LxL = (p_LxL * (dp_LxL - delta_Lx1)).astype(q_LxK.dtype)
-        grads["dv"].append(jnp.dot(dropped_LxL.astype(do_LxK.dtype).T, do_LxK, preferred_element_type=jnp.float32))
-        grads["dq"].append(jnp.dot(ds_LxL, k_LxK, preferred_element_type=jnp.float32) * scale)
-        grads["dk"].append(jnp.dot(ds_LxL.T, q_LxK, preferred_element_type=jnp.float32) * scale)
+        grads["dv"].append(jnp.dot(kept_LxL.astype(do_LxK.dtype).T, do_LxK, preferred_element_type=jnp.float32)
+                           / keep_prob)
+        grads["dq"].append(jnp.dot(ds_LxL, k_LxK, preferred_element_type=jnp.float32) * (scale / keep_prob))
+        grads["dk"].append(jnp.dot(ds_LxL.T, q_LxK, preferred_element_type=jnp.float32) * (scale / keep_prob))
     for ref, name in ((dq_ref, "dq"), (dk_ref, "dk"), (dv_ref, "dv")):
         ref[...] = jnp.concatenate(grads[name], axis=1).astype(ref.dtype)
 
@@ -175,8 +181,8 @@ def attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, lengths_B, streams_BxHx2=None, *,
 
     The same function as `fused_attention.attention` (keys at or past each sequence's length take
     no weight; entry (b, h, q, k) kept where `keep_mask(streams_BxHx2, L, rate)` holds it, kept
-    entries scaled by 1 / (1 - rate)); differentiable in q, k and v, the backward pass regenerating
-    the mask. `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a TPU.
+    entries scaled by 1 / keep_probability(rate)); differentiable in q, k and v, the backward pass
+    regenerating the mask. `interpret` runs Pallas' interpreter (any platform, slow) instead of compiling for a TPU.
     """
     check_shapes(q_BxLxHxK.shape)
     if rate > 0.0 and streams_BxHx2 is None:

@@ -30,7 +30,7 @@ def written(qkv, g, lengths_B, mask_BxHxLxL, rate):
     """Values and q/k/v gradients of the model's written-out attention with `mask` as its dropout."""
     length = qkv[0].shape[1]
     valid_BxL = (jnp.arange(length)[None, :] < lengths_B[:, None]).astype(jnp.int32)
-    keep = (mask_BxHxLxL, 1.0 - rate) if rate else (None, 1.0)
+    keep = (mask_BxHxLxL, fused_attention.keep_probability(rate)) if rate else (None, 1.0)
     return values_and_grads(lambda q, k, v: written_attention(q, k, v, valid_BxL, *keep), qkv, g)
 
 

@@ -106,13 +106,16 @@ def _masks(key, rate, shape=(4, 4, 256)):
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
-def test_keep_rate_is_one_minus_the_dropout_rate(rate):
-    """Over 4 x 4 x 256 x 256 = 1,048,576 entries the kept share is 1 - rate within 5 standard
-    errors; per query row and per key column the counts vary as binomials do (variance ratio
-    within 0.8-1.2 over 4,096 rows or columns: the ratio's standard error is 0.022)."""
+def test_keep_rate_is_one_minus_the_dropout_rate_to_16_bits(rate):
+    """The keep probability is round((1 - rate) 2^16) / 2^16, within 2^-17 of 1 - rate; over
+    4 x 4 x 256 x 256 = 1,048,576 entries the kept share is that within 5 standard errors; per query
+    row and per key column the counts vary as binomials do (variance ratio within 0.8-1.2 over
+    4,096 rows or columns: the ratio's standard error is 0.022)."""
+    keep_prob = fused_attention.keep_probability(rate)
+    assert abs(keep_prob - (1 - rate)) <= 2**-17 and keep_prob * 2**16 == int(keep_prob * 2**16)
     keep = _masks(jax.random.key(3), rate)
     n = keep.size
-    assert abs(keep.mean() - (1 - rate)) <= 5 * np.sqrt(rate * (1 - rate) / n)
+    assert abs(keep.mean() - keep_prob) <= 5 * np.sqrt(rate * (1 - rate) / n)
     binomial_var = 256 * rate * (1 - rate)
     for axis in (-1, -2):
         counts = keep.sum(axis=axis).ravel()
@@ -124,9 +127,10 @@ def _corr(a, b):
 
 
 def test_masks_of_other_keys_layers_and_positions_are_uncorrelated():
-    """|correlation| below 5 / sqrt(n) (n >= 1M entries, so below 0.005): between the masks of two
+    """|correlation| below 5 / sqrt(n) (n >= 0.5M entries, so below 0.007): between the masks of two
     keys, of two layers' keys (folded in as flax's per-module RNG does), of streams one bit apart,
-    and between neighbouring keys, queries, heads and batch rows of one mask."""
+    and between neighbouring keys, queries, heads and batch rows of one mask, and between the two
+    keys whose bits are the halves of one hash (2j and 2j + 1)."""
     rate = 0.1
     key = jax.random.key(11)
     base = _masks(key, rate)
@@ -138,7 +142,8 @@ def test_masks_of_other_keys_layers_and_positions_are_uncorrelated():
     for name, other in others.items():
         assert abs(_corr(base, other)) < bound, name
     neighbours = {"next key": (base[..., :-1], base[..., 1:]), "next query": (base[..., :-1, :], base[..., 1:, :]),
-                  "next head": (base[:, :-1], base[:, 1:]), "next batch row": (base[:-1], base[1:])}
+                  "next head": (base[:, :-1], base[:, 1:]), "next batch row": (base[:-1], base[1:]),
+                  "the other half of the hash": (base[..., 0::2], base[..., 1::2])}
     for name, (a, b) in neighbours.items():
         assert abs(_corr(a, b)) < 5 / np.sqrt(a.size), name
 

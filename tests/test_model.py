@@ -213,7 +213,8 @@ def test_accelerator_dropout_mask_has_its_16_bit_keep_rate_and_independent_quadr
     within 4 s.e. of the product; neighbours across blocks too. Same key, same mask (raw or
     typed key); another key, another mask; a shape the fast path does not take falls back to
     `jax.random.bernoulli` with the same probability."""
-    from pmi_jax.model import _keep_mask16, keep_threshold16
+    from pmi_jax.fused_attention import keep_threshold16
+    from pmi_jax.model import _keep_mask16
 
     assert keep_threshold16(0.9) == 58982 and keep_threshold16(0.5) == 32768
     keep, p = _keep_mask16(jax.random.PRNGKey(7), 0.9, (64, 4, 128, 256))
