@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 __all__ = ["attention", "attention_stacked", "dropout_streams", "entry_bits", "entry_keep", "keep_mask",
-           "keep_probability", "keep_threshold", "keep_threshold16", "padded_length"]
+           "keep_probability", "keep_threshold", "keep_threshold16", "lowbias32", "padded_length", "position_words"]
 
 _MASK = -0.7 * float(np.finfo(np.float32).max)  # finite: a row of masked scores has no NaN
 _LOG2E = math.log2(math.e)
@@ -33,8 +33,8 @@ DEFAULT_BLOCKS = (64, 64)  # (query, key) block; on GPUs to be tuned (benchmarks
 DEFAULT_LAUNCH = ((4, 2), (4, 2))
 
 
-def _mix(x):
-    """lowbias32: a bijective uint32 finaliser (xorshift-multiply, two rounds)."""
+def lowbias32(x):
+    """A bijective uint32 finaliser (xorshift-multiply, two rounds)."""
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x7FEB352D)
     x = x ^ (x >> 15)
@@ -42,11 +42,15 @@ def _mix(x):
     return x ^ (x >> 16)
 
 
+def position_words(stream, pos):
+    """lowbias32(stream + position): the row or column words `entry_bits` adds (kernels that keep
+    a row's or a column's words across their loop compute them once)."""
+    return lowbias32(stream + pos.astype(jnp.uint32))
+
+
 def entry_bits(row_stream, col_stream, q_Q, k_S):
     """uint32 [Q, S]: the random bits of entries (q, k) of one (b, h) with streams (row, col)."""
-    rows_Qx1 = _mix(row_stream + q_Q.astype(jnp.uint32))[:, None]
-    cols_1xS = _mix(col_stream + k_S.astype(jnp.uint32))[None, :]
-    return _mix(rows_Qx1 + cols_1xS)
+    return lowbias32(position_words(row_stream, q_Q)[:, None] + position_words(col_stream, k_S)[None, :])
 
 
 def keep_threshold(rate: float) -> int:

@@ -5,8 +5,8 @@ after writing the dropout mask's random words, moving over twice the bytes it ne
 (benchmarks/README.md, "Fused residual LayerNorm"). Here the forward reads a and x and
 writes s = x + dropout(a + bias) and y; the backward reads y's gradient and s and writes the
 gradients of x and a, with per-block partial sums for bias, scale and offset. Entry (b, l, d) is
-kept by the attention kernel's rule (`fused_attention.entry_bits`) on per-sequence streams of
-the layer's dropout key: nothing is stored and a resumed run redraws the same mask.
+kept where its hash (`fused_attention.entry_bits`) of per-sequence streams of the layer's
+dropout key is below round((1 - rate) 2^32): nothing is stored and a resumed run redraws it.
 
 Shape suffixes: B batch, L length, D hidden, R rows of a block, C columns (D up to a power of 2).
 """
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pmi_jax.fused_attention import entry_bits, keep_threshold
+from pmi_jax.fused_attention import entry_bits, keep_threshold, lowbias32, position_words
 
 __all__ = ["residual_layer_norm", "dropout_streams", "keep_mask"]
 
@@ -55,8 +55,13 @@ def _block(rows: int, d: int, width: int):
     return pl.program_id(1) * rows, cols_C, valid_C, load
 
 
-def _keep(streams_ref, position, cols_C, threshold):
-    return entry_bits(streams_ref[0], streams_ref[1], position[None], cols_C)[0] < jnp.uint32(threshold)
+def _keeper(streams_ref, cols_C, rate):
+    """keep(position) -> bool [C] of one row, the columns' words computed once for the program's
+    rows (in the loop they were recomputed each row: the stores to s and y keep the compiler from
+    hoisting the streams' load)."""
+    row_stream, col_words_C = streams_ref[0], position_words(streams_ref[1], cols_C)
+    threshold = jnp.uint32(keep_threshold(rate))
+    return lambda position: lowbias32(position_words(row_stream, position) + col_words_C) < threshold
 
 
 def _forward_kernel(streams_ref, a_ref, bias_ref, x_ref, scale_ref, offset_ref, s_ref, y_ref, mean_ref, rstd_ref,
@@ -65,10 +70,12 @@ def _forward_kernel(streams_ref, a_ref, bias_ref, x_ref, scale_ref, offset_ref, 
     first, cols_C, valid_C, load = _block(rows, d, width)
     bias_C, scale_C, offset_C = load(bias_ref), load(scale_ref), load(offset_ref)
 
+    keep = _keeper(streams_ref, cols_C, rate) if rate > 0.0 else None
+
     def row(i, stats):
         h_C = load(a_ref, i) + bias_C
-        if rate > 0.0:
-            h_C = jnp.where(_keep(streams_ref, first + i, cols_C, keep_threshold(rate)), h_C / (1.0 - rate), 0.0)
+        if keep is not None:
+            h_C = jnp.where(keep(first + i), h_C * (1.0 / (1.0 - rate)), 0.0)
         s_C = (load(x_ref, i) + h_C).astype(s_ref.dtype)  # LayerNorm reads s as stored, as the backward will
         plgpu.store(s_ref.at[i, cols_C], s_C, mask=valid_C)
         s_C = s_C.astype(jnp.float32)
@@ -89,6 +96,7 @@ def _backward_kernel(streams_ref, g_ref, s_ref, mean_ref, rstd_ref, scale_ref, d
     first, cols_C, valid_C, load = _block(rows, d, width)
     scale_C = load(scale_ref)
     mean_R, rstd_R = mean_ref[...], rstd_ref[...]
+    keep = _keeper(streams_ref, cols_C, rate) if rate > 0.0 else None
 
     def row(i, sums):
         dbias_C, dscale_C, doffset_C = sums
@@ -99,8 +107,8 @@ def _backward_kernel(streams_ref, g_ref, s_ref, mean_ref, rstd_ref, scale_ref, d
         gs_C = g_C * scale_C
         ds_C = (gs_C - jnp.sum(gs_C) / d - xhat_C * (jnp.sum(gs_C * xhat_C) / d)) * rstd
         da_C = ds_C
-        if rate > 0.0:
-            da_C = jnp.where(_keep(streams_ref, first + i, cols_C, keep_threshold(rate)), ds_C / (1.0 - rate), 0.0)
+        if keep is not None:
+            da_C = jnp.where(keep(first + i), ds_C * (1.0 / (1.0 - rate)), 0.0)
         plgpu.store(dx_ref.at[i, cols_C], ds_C.astype(dx_ref.dtype), mask=valid_C)
         plgpu.store(da_ref.at[i, cols_C], da_C.astype(da_ref.dtype), mask=valid_C)
         return dbias_C + da_C, dscale_C + g_C * xhat_C, doffset_C + g_C
