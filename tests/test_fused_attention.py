@@ -122,6 +122,20 @@ def test_keep_rate_is_one_minus_the_dropout_rate_to_16_bits(rate):
         assert 0.8 <= counts.var() / binomial_var <= 1.2, axis
 
 
+def test_a_pair_of_keys_takes_the_halves_of_one_hash():
+    """The documented rule: keys 2j and 2j + 1 of query q are kept where the low and the high 16 bits
+    of entry_bits(q, j) are below round(0.9 x 2^16) = 58982 (docs/gpu.md)."""
+    streams = fused_attention.dropout_streams(jax.random.key(5), 2, 3)
+    mask = np.asarray(fused_attention.keep_mask(streams, 64, 0.1))
+    assert fused_attention.keep_threshold16(0.9) == 58982
+    pos = jnp.arange(64, dtype=jnp.uint32)
+    for b in range(2):
+        for h in range(3):
+            bits = np.asarray(fused_attention.entry_bits(streams[b, h, 0], streams[b, h, 1], pos, pos[:32]))
+            np.testing.assert_array_equal(mask[b, h][:, 0::2], (bits & 0xFFFF) < 58982)
+            np.testing.assert_array_equal(mask[b, h][:, 1::2], (bits >> 16) < 58982)
+
+
 def _corr(a, b):
     return np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1]
 
