@@ -5,17 +5,18 @@ shapes for one GPU of `--gpu` (h100, h200: `pmi_jax.compile_only.gpu_devices`, t
 descriptions; no GPU needed, JAX's CUDA plugin must be importable). Prints and
 writes OUTPUT/pallas_attention_compile.json: per form, compile seconds, the Triton calls in the
 optimized HLO, the temporaries. `--step-attention pallas auto` adds the trainer's BERT-base step
-(the paper's setting, batch 32 x 512, bf16) with each `model.attention`. `--ptx` also has XLA
-write each kernel's PTX (under OUTPUT/ptx) and counts the instructions of every loop a kernel
-runs per key or query block (per thread; with 64 x 64 blocks and 4 warps each thread holds 32 of
-the block's entries): the kernels' loops issue more instructions than their matmuls take, so
-this count is what their changes are judged by before a GPU times them. Run on a CPU-only
-machine as
+(the paper's setting, batch 32 x 512, bf16) with each `model.attention`. `--ptx` compiles
+BERT-base's attention with dropout 0.1 and one fused residual LayerNorm
+(`pmi_jax.fused_layer_norm`, [32, 512, 768], dropout 0.1), has XLA write their PTX (under
+OUTPUT/ptx) and counts the instructions of each kernel loop's trip, per thread (an attention
+loop's block of 64 x 64, 32 entries a thread; a LayerNorm row): these loops issue more
+instructions than their matmuls or bytes take, so this count judges their changes before a GPU
+times them. Run on a CPU-only machine as
 
     JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
-        --gpu h100 --output DIR
+        --gpu h100 --output DIR [--ptx]
 
-Figures: benchmarks/README.md, "Pallas attention".
+Figures: benchmarks/README.md, "Pallas attention" and "The attention kernels' loops".
 """
 from __future__ import annotations
 
@@ -70,6 +71,42 @@ def compile_forms(gpu: str, only_first: bool = False) -> list[dict]:
             if only_first:
                 return records
     return records
+
+
+def compile_layer_norm(gpu: str) -> dict:
+    """One `fused_layer_norm.residual_layer_norm` at BERT-base's [32, 512, 768] bf16, dropout 0.1,
+    forward and backward, for one GPU of `gpu` (for its PTX)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from pmi_jax import compile_only, fused_layer_norm
+
+    devices = compile_only.gpu_devices(gpu)
+    mesh = Mesh(np.array(devices), ("d",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    b, length, d = 32, 512, 768
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+
+    def step(a, bias, x, scale, offset, streams, g):
+        def loss(*args):
+            y = fused_layer_norm.residual_layer_norm(*args, streams, rate=0.1)
+            return jnp.sum((y * g).astype(jnp.float32))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(a, bias, x, scale, offset)
+
+    rows, vector = spec((b, length, d), jnp.bfloat16), spec((d,), jnp.float32)
+    with jax.set_mesh(mesh):
+        start = time.perf_counter()
+        compiled = jax.jit(step).lower(rows, vector, rows, vector, vector, spec((b, 2), jnp.uint32), rows).compile(
+            compiler_options=compile_only.GPU_COMPILER_OPTIONS)
+    record = {"layer_norm": [b, length, d], "rate": 0.1, "device": devices[0].device_kind,
+              "compile_s": round(time.perf_counter() - start, 1),
+              "triton_calls": compiled.as_text().count('"__gpu$xla.gpu.triton"'), "jax": jax.__version__}
+    print(json.dumps(record), flush=True)
+    return record
 
 
 def compile_step(gpu: str, attention: str) -> dict:
@@ -128,7 +165,7 @@ def ptx_loops(directory: str) -> dict:
         with open(path, encoding="utf-8") as f:
             ptx = f.read()
         entry = re.search(r"\.entry (\w+)", ptx)
-        if entry and entry.group(1).startswith("attention"):
+        if entry and entry.group(1).startswith(("attention", "residual_layer_norm")):
             kernels[entry.group(1)] = loop_mix(ptx)
     return kernels
 
@@ -138,15 +175,16 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="the GPU to compile for")
     parser.add_argument("--output", required=True, help="directory for pallas_attention_compile.json")
     parser.add_argument("--step-attention", nargs="*", default=[], help="model.attention values for the whole step")
-    parser.add_argument("--ptx", action="store_true", help="count each kernel loop's PTX instructions (BERT-base, "
-                        "dropout 0.1)")
+    parser.add_argument("--ptx", action="store_true", help="count each kernel loop's PTX instructions (BERT-base's "
+                        "attention and one fused LayerNorm, dropout 0.1)")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
     ptx_dir = os.path.join(args.output, "ptx")
     if args.ptx:  # before JAX starts its backend: XLA reads its flags once
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={ptx_dir}"
                                    " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
-    records = compile_forms(args.gpu, only_first=args.ptx) + [compile_step(args.gpu, a) for a in args.step_attention]
+    records = compile_forms(args.gpu, only_first=args.ptx) + ([compile_layer_norm(args.gpu)] if args.ptx else [])
+    records += [compile_step(args.gpu, a) for a in args.step_attention]
     result = {"results": records}
     if args.ptx:
         result["ptx_loops"] = ptx_loops(ptx_dir)

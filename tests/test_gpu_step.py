@@ -169,3 +169,20 @@ def test_a_variant_is_not_started_without_its_minimum_time(tmp_path):
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
     assert [r["variant"] for r in results] == ["base-512-paper-b128", "base-128-paper-b128"]
     assert all(r["skipped"].startswith("needs at least") for r in results), results
+
+
+def test_ptx_loops_are_counted_per_trip():
+    """`pallas_attention_compile.loop_mix` (the `--ptx` counts): a loop is a label and the backward
+    branch to it; predicated instructions count, labels, directives and comments do not."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import pallas_attention_compile
+
+    ptx = "\n".join([
+        ".visible .entry attention_dropout_forward(", ".param .u64 p0", ")", "{", "\tmov.u32 \t%r1, 0;",
+        "$L__BB0_1:", "\t// a comment", "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r2}, %rd1;",
+        "\txor.b32 \t%r3, %r3, %r4;", "\tshr.u32 \t%r4, %r3, 16;", "\tex2.approx.f32 \t%r5, %r6;",
+        "\tdiv.full.f32 \t%r7, %r8, %r9;", "\tsetp.lt.s32 \t%p1, %r1, 8;", "@%p1 bra \t$L__BB0_1;",
+        "$L__BB0_2:", "\tadd.s32 \t%r1, %r1, 1;", "\tret;", "}"])
+    [loop] = pallas_attention_compile.loop_mix(ptx)
+    assert (loop["instructions"], loop["mma"], loop["special"]) == (7, 1, 2)
+    assert loop["top"]["xor.b32"] == 1 and loop["top"]["bra"] == 1
