@@ -149,6 +149,10 @@ class ModelConfig:
             object.__setattr__(self, "fused_qkv", "always" if self.fused_qkv else "auto")
         if self.fused_qkv not in FUSED_QKV:
             raise UserInputError(f"model.fused_qkv={self.fused_qkv!r}: expected one of {', '.join(FUSED_QKV)}")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserInputError(f"model.{name}={getattr(self, name)}: a dropout rate must be in [0, 1) "
+                                     "(0 turns it off; the paper's is 0.1)")
         if self.hidden_size % self.num_heads:
             raise UserInputError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}")

@@ -61,8 +61,9 @@ def keep_threshold(rate: float) -> int:
 def keep_threshold16(keep_prob: float) -> int:
     """16 random bits below this keep their element: round(keep_prob 2^16), within [1, 2^16 - 1].
 
-    The realised keep probability is threshold / 2^16, within 2^-17 of keep_prob: for BERT's
-    dropout 0.1, 58982 / 65536 = 0.899993896484375 (a drop rate of 0.100006103515625).
+    The realised keep probability is threshold / 2^16, within 2^-17 of keep_prob (2^-16 at the
+    clamped ends): for BERT's dropout 0.1, 58982 / 65536 = 0.899993896484375 (a drop rate of
+    0.100006103515625).
     """
     return min(max(round(keep_prob * 2**16), 1), 2**16 - 1)
 

@@ -62,6 +62,10 @@ def test_model_config_checks_itself():
         apply_overrides(_config(), ["model.dropout_mask=bits8"])
     with pytest.raises(UserInputError, match="model.decoder_grad='bf16': expected one of auto, float32, compute"):
         apply_overrides(_config(), ["model.decoder_grad=bf16"])
+    for override in ("model.attention_dropout_rate=1.5", "model.dropout_rate=-0.1", "model.dropout_rate=1"):
+        with pytest.raises(UserInputError, match=r"dropout_rate=.*: a dropout rate must be in \[0, 1\)"):
+            apply_overrides(_config(), [override])
+    assert apply_overrides(_config(), ["model.attention_dropout_rate=0"]).model.attention_dropout_rate == 0.0
 
 
 @pytest.mark.parametrize("override, message", [
