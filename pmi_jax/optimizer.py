@@ -34,16 +34,19 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-_SMALL_LEAF = 1 << 16  # elements: biases and LayerNorm parameters, not weight matrices
+# Elements: biases, LayerNorm parameters, position embeddings and BERT-base's [768, 768]
+# projections. XLA copies larger gradients to concatenate them: grouping BERT-large's [1024, 1024]
+# ones added 0.57 GiB per H100 step, BERT-base's [768, 3072] ones 0.4 (benchmarks/README.md).
+_SMALL_LEAF = 768 * 768
 
 
 def global_norm(tree, grouped: bool = False) -> jax.Array:
     """The square root of the sum of every leaf's squares: optax.tree.norm.
 
     `grouped` reduces all leaves of up to `_SMALL_LEAF` elements in one kernel, where optax
-    takes one or two each (127 of BERT-base's 202 leaves are small; a GPU pays for every kernel
-    launch). Only for replicated leaves: concatenating sharded ones would gather them
-    (`pmi_jax.train` decides).
+    takes one or two each (177 of BERT-base's 202 leaves; a GPU pays for every kernel launch).
+    Only for replicated leaves: concatenating sharded ones would gather them (`pmi_jax.train`
+    decides).
     """
     if not grouped:
         return optax.tree.norm(tree)
