@@ -31,39 +31,47 @@ import time
 SHAPES = {"base": (32, 512, 12, 64), "large": (32, 512, 16, 64)}
 
 
-def compile_forms(gpu: str, only_first: bool = False) -> list[dict]:
-    """Each size and rate, or with `only_first` BERT-base with dropout 0.1 alone (one set of kernels to dump)."""
+def _compile_replicated(gpu: str, fn, *shapes) -> tuple:
+    """(compiled, seconds, device kind): `fn` jitted for one GPU of `gpu` on arguments of `shapes`
+    ((shape, dtype) pairs), replicated over that one device's mesh."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from pmi_jax import compile_only, fused_attention
+    from pmi_jax import compile_only
 
     devices = compile_only.gpu_devices(gpu)
     mesh = Mesh(np.array(devices), ("d",))
     replicated = NamedSharding(mesh, PartitionSpec())
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=replicated) for shape, dtype in shapes]
+    with jax.set_mesh(mesh):
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        return compiled, time.perf_counter() - start, devices[0].device_kind
+
+
+def compile_forms(gpu: str, only_first: bool = False) -> list[dict]:
+    """Each size and rate, or with `only_first` BERT-base with dropout 0.1 alone (one set of kernels to dump)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import fused_attention
+
     records = []
     for size, (b, length, h, k) in SHAPES.items():
         for rate in (0.1, 0.0):
-            def spec(shape, dtype):
-                return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
-
             def step(q, kk, v, g, lengths_B, streams, rate=rate):
                 def loss(q, kk, v):
                     out = fused_attention.attention(q, kk, v, lengths_B, streams, rate=rate)
                     return jnp.sum((out * g).astype(jnp.float32))
                 return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, kk, v)
 
-            qkv = spec((b, length, h, k), jnp.bfloat16)
-            with jax.set_mesh(mesh):
-                start = time.perf_counter()
-                compiled = jax.jit(step).lower(qkv, qkv, qkv, qkv, spec((b,), jnp.int32),
-                                               spec((b, h, 2), jnp.uint32)).compile()
-                seconds = time.perf_counter() - start
+            qkv = ((b, length, h, k), jnp.bfloat16)
+            compiled, seconds, device = _compile_replicated(gpu, step, qkv, qkv, qkv, qkv, ((b,), jnp.int32),
+                                                            ((b, h, 2), jnp.uint32))
             hlo = compiled.as_text()
             memory = compiled.memory_analysis()
-            records.append({"size": size, "shape": [b, length, h, k], "rate": rate, "device": devices[0].device_kind,
+            records.append({"size": size, "shape": [b, length, h, k], "rate": rate, "device": device,
                             "compile_s": round(seconds, 1), "triton_calls": hlo.count('"__gpu$xla.gpu.triton"'),
                             "temp_mib": round(memory.temp_size_in_bytes / 2**20, 2) if memory else None,
                             "jax": jax.__version__})
@@ -78,18 +86,10 @@ def compile_layer_norm(gpu: str) -> dict:
     forward and backward, for one GPU of `gpu` (for its PTX)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from pmi_jax import compile_only, fused_layer_norm
+    from pmi_jax import fused_layer_norm
 
-    devices = compile_only.gpu_devices(gpu)
-    mesh = Mesh(np.array(devices), ("d",))
-    replicated = NamedSharding(mesh, PartitionSpec())
     b, length, d = 32, 512, 768
-
-    def spec(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
 
     def step(a, bias, x, scale, offset, streams, g):
         def loss(*args):
@@ -97,13 +97,10 @@ def compile_layer_norm(gpu: str) -> dict:
             return jnp.sum((y * g).astype(jnp.float32))
         return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(a, bias, x, scale, offset)
 
-    rows, vector = spec((b, length, d), jnp.bfloat16), spec((d,), jnp.float32)
-    with jax.set_mesh(mesh):
-        start = time.perf_counter()
-        compiled = jax.jit(step).lower(rows, vector, rows, vector, vector, spec((b, 2), jnp.uint32), rows).compile(
-            compiler_options=compile_only.GPU_COMPILER_OPTIONS)
-    record = {"layer_norm": [b, length, d], "rate": 0.1, "device": devices[0].device_kind,
-              "compile_s": round(time.perf_counter() - start, 1),
+    rows, vector = ((b, length, d), jnp.bfloat16), ((d,), jnp.float32)
+    compiled, seconds, device = _compile_replicated(gpu, step, rows, vector, rows, vector, vector,
+                                                    ((b, 2), jnp.uint32), rows)
+    record = {"layer_norm": [b, length, d], "rate": 0.1, "device": device, "compile_s": round(seconds, 1),
               "triton_calls": compiled.as_text().count('"__gpu$xla.gpu.triton"'), "jax": jax.__version__}
     print(json.dumps(record), flush=True)
     return record
