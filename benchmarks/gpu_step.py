@@ -267,16 +267,22 @@ def _category_from_kernel_name(name: str) -> str:
 
 
 def attention_check(platform: str | None) -> dict:
-    """cuDNN's fused attention against the XLA path on BERT-base's shapes, values and gradients.
+    """cuDNN's fused attention against the XLA path on BERT-base's shapes, values and gradients;
+    our kernel against the written-out attention with its mask.
 
     bf16 q, k, v of [8, 512, 12, 64] with padded tails given as key lengths. On a GPU it
     compares implementation="cudnn" with "xla"; elsewhere (the CPU dry run) the XLA path with
     lengths against XLA with the boolean mask, so the same code runs. Errors are relative to
-    the largest reference value, in float32.
+    the largest reference value, in float32. `ours_vs_reference_same_mask`: our kernel with
+    dropout 0.1 (compiled on a GPU: the inline PTX of its exp2 and bf16 conversions runs only
+    there) against the float32 written-out attention given its mask, beside that attention's own
+    bf16 error, as tests/test_fused_attention.py checks it interpreted.
     """
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    from pmi_jax import fused_attention
 
     device = (jax.devices(platform) if platform else jax.devices())[0]
     on_gpu = device.platform == "gpu"
@@ -304,9 +310,23 @@ def attention_check(platform: str | None) -> dict:
     errors = {}
     for name, a, r in zip(("output", "dq", "dk", "dv"), tested, reference):
         errors[name] = float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), 1e-30))
+    streams = fused_attention.dropout_streams(jax.random.key(2), b, h)
+    ours = _same_mask_errors(q, kk, v, g, keys[:, 0, 0, :], streams, lambda q, kk, v: fused_attention.attention(
+        q, kk, v, lengths_B, streams, rate=0.1, interpret=not on_gpu))
+    if on_gpu:  # the same without the inline PTX, to tell its errors from the kernel's
+        fused_attention.INLINE_PTX = False
+        try:
+            plain = _same_mask_errors(q, kk, v, g, keys[:, 0, 0, :], streams, lambda q, kk, v:
+                                      fused_attention.attention(q, kk, v, lengths_B, streams, rate=0.1))
+            ours["ours without inline PTX"] = plain.get("ours", plain)
+        finally:
+            fused_attention.INLINE_PTX = True
     return {"variant": "attention-check", "compared": "cudnn vs xla" if on_gpu else "xla lengths vs xla mask",
             "shape": [b, length, h, k], "max_error_relative_to_max": errors,
             "agree_within_bf16": all(e < 2e-2 for e in errors.values()),
+            "ours_vs_reference_same_mask": ours,
+            "ours_within_bf16": "ours" in ours and all(ours["ours"][n] < 2 * ours["written bf16"][n] + 1e-2
+                                                       for n in ours["ours"]),
             "stacked": _stacked_check(on_gpu)}
 
 
@@ -885,7 +905,9 @@ def _line(r: dict) -> str:
                 f"until the host returns (programs of {kernels} kernels)")
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
-        return f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'})"
+        ours = "ours vs written, same mask: " + ("agree" if r.get("ours_within_bf16") else "DISAGREE")
+        return (f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'}); "
+                f"{ours}")
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "  n/a"
     memory = r.get("peak_memory_gib", r.get("compiled_temp_gib"))
     text = (f"{r['variant']:<30} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10} {mfu:>6} {memory:>8.2f} "

@@ -11,10 +11,16 @@ BERT-base's attention with dropout 0.1 and one fused residual LayerNorm
 OUTPUT/ptx) and counts the instructions of each kernel loop's trip, per thread (an attention
 loop's block of 64 x 64, 32 entries a thread; a LayerNorm row): these loops issue more
 instructions than their matmuls or bytes take, so this count judges their changes before a GPU
-times them. Run on a CPU-only machine as
+times them. `--sass` also assembles that PTX for sm_90a with NVIDIA's ptxas and counts the machine
+instructions (nvdisasm) the SM issues, with each kernel's registers: ptxas adds and removes
+instructions (exp2 without flushing takes four). Run on a CPU-only machine as
 
     JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
-        --gpu h100 --output DIR [--ptx]
+        --gpu h100 --output DIR [--ptx | --sass]
+
+ptxas and nvdisasm (PTX 9.0 needs CUDA 13's) come from PATH or from a folder on PYTHONPATH holding
+NVIDIA's wheels: python3 -m pip install --no-deps --target .venv/cuda-tools -c constraints.txt
+nvidia-cuda-nvcc nvidia-cuda-nvdisasm, then PYTHONPATH=$PWD:.venv/cuda12:.venv/cuda-tools.
 
 Figures: benchmarks/README.md, "Pallas attention" and "The attention kernels' loops".
 """
@@ -26,6 +32,9 @@ import glob
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 
 SHAPES = {"base": (32, 512, 12, 64), "large": (32, 512, 16, 64)}
@@ -145,9 +154,14 @@ def loop_mix(ptx: str) -> list[dict]:
     for start, end in loops:
         ops = collections.Counter()
         for line in lines[start:end + 1]:
-            text = re.sub(r"^@!?%p\d+\s+", "", line.strip())
-            if text and not text.startswith(("//", "$", ".", "{", "}")):
-                ops[text.split()[0].rstrip(";")] += 1
+            line = line.strip()
+            # An inline-asm block, "{ .reg .f32 t; fma.rn.f32 t, ...; ex2.approx.ftz.f32 %r1, t; }", counts
+            # each of its instructions.
+            statements = line.strip("{} ").split(";") if line.startswith("{") and ";" in line else [line]
+            for statement in statements:
+                text = re.sub(r"^@!?%p\d+\s+", "", statement.strip())
+                if text and not text.startswith(("//", "$", ".", "{", "}")):
+                    ops[text.split()[0].rstrip(";")] += 1
         out.append({"instructions": sum(ops.values()),
                     "mma": sum(n for op, n in ops.items() if op.startswith("wgmma.mma_async") or op.startswith("mma.")),
                     "special": sum(n for op, n in ops.items() if op.startswith(("ex2", "div", "rcp"))),
@@ -155,16 +169,82 @@ def loop_mix(ptx: str) -> list[dict]:
     return out
 
 
-def ptx_loops(directory: str) -> dict:
-    """{kernel name: its loops' `loop_mix`} over the PTX files XLA wrote to `directory`."""
+def _our_kernels(directory: str) -> dict:
+    """{kernel name: its PTX file} for the attention and LayerNorm kernels XLA wrote to `directory`."""
     kernels = {}
     for path in sorted(glob.glob(os.path.join(directory, "*.ptx"))):
         with open(path, encoding="utf-8") as f:
-            ptx = f.read()
-        entry = re.search(r"\.entry (\w+)", ptx)
+            entry = re.search(r"\.entry (\w+)", f.read())
         if entry and entry.group(1).startswith(("attention", "residual_layer_norm")):
-            kernels[entry.group(1)] = loop_mix(ptx)
+            kernels[entry.group(1)] = path
     return kernels
+
+
+def ptx_loops(directory: str) -> dict:
+    """{kernel name: its loops' `loop_mix`} over the PTX files XLA wrote to `directory`."""
+    out = {}
+    for name, path in _our_kernels(directory).items():
+        with open(path, encoding="utf-8") as f:
+            out[name] = loop_mix(f.read())
+    return out
+
+
+def sass_mix(sass: str) -> list[dict]:
+    """Each loop of an nvdisasm listing (a label and a backward branch to it; not the one-instruction
+    loop that ends a kernel): its machine instructions, the warp-group matmuls (HGMMA) and the
+    special-function ones (MUFU: exp2, reciprocal) among them, and the commonest."""
+    labels, ops, branches = {}, [], []
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(ops)
+        code = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if code:
+            text = re.sub(r"^@!?U?P\w+\s+", "", code.group(1))
+            target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
+            branches.append((len(ops), target.group(1) if target else None))
+            ops.append(text.split()[0])
+    out = []
+    for end, target in branches:
+        start = labels.get(target, end + 1)
+        if start < end:
+            mix = collections.Counter(ops[start:end + 1])
+            out.append({"instructions": end + 1 - start,
+                        "mma": sum(n for op, n in mix.items() if op.startswith("HGMMA")),
+                        "special": sum(n for op, n in mix.items() if op.startswith("MUFU")),
+                        "top": dict(mix.most_common(12))})
+    return out
+
+
+def _cuda_tool(name: str) -> str:
+    """NVIDIA's `name` (ptxas, nvdisasm) from CUDA 13's wheels in a folder on sys.path, else on PATH: the
+    wheels' first, because XLA writes PTX for the newest ptxas it finds, the wheels' included."""
+    wheels = (os.path.join(entry, "nvidia", "cu13", "bin", name) for entry in sys.path)
+    found = next((path for path in wheels if os.path.isfile(path)), None) or shutil.which(name)
+    if found is None:
+        raise SystemExit(f"--sass needs NVIDIA's {name}: python3 -m pip install --no-deps --target .venv/cuda-tools "
+                         "-c constraints.txt nvidia-cuda-nvcc nvidia-cuda-nvdisasm, and .venv/cuda-tools on PYTHONPATH")
+    return found
+
+
+def sass_loops(directory: str) -> dict:
+    """{kernel name: {registers, spill bytes, its loops' `sass_mix`}}: each of our kernels' PTX in
+    `directory` assembled for sm_90a (the H100's and H200's Hopper) by ptxas -O3, then disassembled."""
+    ptxas, nvdisasm = _cuda_tool("ptxas"), _cuda_tool("nvdisasm")
+    out = {}
+    for name, path in _our_kernels(directory).items():
+        cubin = path[:-len(".ptx")] + ".cubin"
+        assembled = subprocess.run([ptxas, "-arch=sm_90a", "-O3", "-v", path, "-o", cubin], capture_output=True,
+                                   text=True)
+        if assembled.returncode:
+            raise SystemExit(f"{ptxas} refused {path}: {assembled.stderr.strip().splitlines()[-1][:300]}")
+        info = assembled.stderr
+        listing = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+        registers = re.search(r"Used (\d+) registers", info)
+        spills = re.search(r"(\d+) bytes spill stores", info)
+        out[name] = {"registers": int(registers.group(1)) if registers else None,
+                     "spill_store_bytes": int(spills.group(1)) if spills else None, "loops": sass_mix(listing)}
+    return out
 
 
 def main(argv=None) -> None:
@@ -172,9 +252,14 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="the GPU to compile for")
     parser.add_argument("--output", required=True, help="directory for pallas_attention_compile.json")
     parser.add_argument("--step-attention", nargs="*", default=[], help="model.attention values for the whole step")
+    parser.add_argument("--sass", action="store_true", help="--ptx, and ptxas's machine instructions per loop trip "
+                        "with each kernel's registers (needs ptxas and nvdisasm: module docstring)")
     parser.add_argument("--ptx", action="store_true", help="count each kernel loop's PTX instructions (BERT-base's "
                         "attention and one fused LayerNorm, dropout 0.1)")
     args = parser.parse_args(argv)
+    args.ptx = args.ptx or args.sass
+    if args.sass:  # before minutes of compiling
+        _cuda_tool("ptxas"), _cuda_tool("nvdisasm")
     os.makedirs(args.output, exist_ok=True)
     ptx_dir = os.path.join(args.output, "ptx")
     if args.ptx:  # before JAX starts its backend: XLA reads its flags once
@@ -187,6 +272,11 @@ def main(argv=None) -> None:
         result["ptx_loops"] = ptx_loops(ptx_dir)
         for name, loops in result["ptx_loops"].items():
             print(name, json.dumps([{k: v for k, v in loop.items() if k != "top"} for loop in loops]))
+    if args.sass:
+        result["sass_loops"] = sass_loops(ptx_dir)
+        for name, kernel in result["sass_loops"].items():
+            loops = [{k: v for k, v in loop.items() if k != "top"} for loop in kernel["loops"]]
+            print(name, "SASS", json.dumps({k: v for k, v in kernel.items() if k != "loops"} | {"loops": loops}))
     path = os.path.join(args.output, "pallas_attention_compile.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

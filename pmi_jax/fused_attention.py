@@ -31,6 +31,9 @@ DEFAULT_BLOCKS = (64, 64)  # (query, key) block; on GPUs to be tuned (benchmarks
 # Triton's (num_warps, num_stages) for the forward kernel, then for the two backward ones; to be
 # tuned with the blocks (`gpu_step.py`'s attention-tuning).
 DEFAULT_LAUNCH = ((4, 2), (4, 2))
+# The kernels' inline PTX (`_exp2`, `_cast`) when compiled for a GPU; off, the same arithmetic as
+# Triton writes it (slower: benchmarks/README.md). Read when a kernel is traced.
+INLINE_PTX = True
 
 
 def lowbias32(x):
@@ -123,13 +126,42 @@ def _key_blocks(length, block_k):
 
 
 def _scores(q_QxK, k_SxK, key_start, length, scale):
-    """Scaled scores in log2 units, float32 [Q, S]; keys at or past `length` masked (None: a block
-    of valid keys, no mask)."""
-    s_QxS = plgpu.dot(q_QxK, k_SxK, trans_b=True) * (scale * _LOG2E)
+    """(scores, factor), float32 [Q, S] and the factor to log2 units: a block of valid keys (`length`
+    None) unscaled, for `_exp2`'s fused multiply-add; a partial one scaled (factor 1), keys at or past
+    `length` masked. The row maxima are the scaled scores' either way (rounding is monotonic)."""
+    s_QxS = plgpu.dot(q_QxK, k_SxK, trans_b=True)
     if length is None:
-        return s_QxS
+        return s_QxS, scale * _LOG2E
     key_S = key_start + jnp.arange(k_SxK.shape[0])
-    return jnp.where(key_S[None, :] < length, s_QxS, _MASK)
+    return jnp.where(key_S[None, :] < length, s_QxS * (scale * _LOG2E), _MASK), 1.0
+
+
+def _exp2(s_QxS, factor, offset_Q, native: bool):
+    """exp2(s factor - offset) per entry. `native` (compiled for a GPU): one fused multiply-add and
+    the flush-to-zero exp2, as inline PTX. XLA's Triton pipeline neither contracts the multiply and
+    subtraction nor flushes, and exp2 without flushing takes three instructions besides its own to
+    handle results below 2^-126 (benchmarks/README.md); such probabilities count for nothing here."""
+    if not native:
+        return jnp.exp2(s_QxS * factor - offset_Q[:, None])
+    neg_offset_QxS = jnp.broadcast_to(-offset_Q[:, None], s_QxS.shape)
+    factor_hex = np.float32(factor).view(np.uint32)
+    [p_QxS] = plgpu.elementwise_inline_asm(
+        f"{{ .reg .f32 t; fma.rn.f32 t, $1, 0f{factor_hex:08X}, $2; ex2.approx.ftz.f32 $0, t; }}",
+        args=[s_QxS, neg_offset_QxS], constraints="=f,f,f", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(s_QxS.shape, jnp.float32)])
+    return p_QxS
+
+
+def _cast(x_QxS, dtype, native: bool):
+    """`x` as the matmul's operand `dtype`; to bf16 when `native`, pairs of entries in one PTX
+    instruction, inline: LLVM moves a select before a conversion to after it, so the dropout's
+    select ran on 16-bit halves, a select and a byte permute each (benchmarks/README.md)."""
+    if not native or dtype != jnp.bfloat16:
+        return x_QxS.astype(dtype)
+    [y_QxS] = plgpu.elementwise_inline_asm(
+        "cvt.rn.bf16x2.f32 $0, $2, $1;", args=[x_QxS], constraints="=r,f,f", pack=2,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x_QxS.shape, jnp.bfloat16)])
+    return y_QxS
 
 
 def _over_key_blocks(length, block_k, body, init):
@@ -140,16 +172,29 @@ def _over_key_blocks(length, block_k, body, init):
     return jax.lax.fori_loop(full, _key_blocks(length, block_k), lambda j, carry: body(j, carry, length), carry)
 
 
-def _keep(streams_ref, q_start, block_q, k_start, block_k, rate):
+def _column_words(streams_BxHx2, length: int):
+    """uint32 [B, H, length / 2]: `position_words` of every key pair, for the kernels whose loop runs
+    over key blocks (forward, dQ): computed once a layer by XLA, where each of those kernels' trips
+    spent about a tenth of its instructions on its block's words (benchmarks/README.md)."""
+    return position_words(streams_BxHx2[..., 1:], jnp.arange(length // 2, dtype=jnp.uint32))
+
+
+def _keep(streams_ref, q_start, block_q, k_start, block_k, rate, words_ref=None):
     """`entry_keep` of one block: each pair's hash once, its halves joined along the columns (in
-    registers: Triton's join keeps both in the thread that holds the adjacent columns)."""
+    registers: Triton's join keeps both in the thread that holds the adjacent columns). The key
+    pairs' words from `words_ref` (`_column_words`) where given, else computed here."""
     q_Q = q_start + jnp.arange(block_q)
-    j_P = k_start // 2 + jnp.arange(block_k // 2)
-    halves = _halves_below(entry_bits(streams_ref[0], streams_ref[1], q_Q, j_P), keep_threshold16(1.0 - rate))
+    if words_ref is None:
+        bits_QxP = entry_bits(streams_ref[0], streams_ref[1], q_Q, k_start // 2 + jnp.arange(block_k // 2))
+    else:
+        bits_QxP = lowbias32(position_words(streams_ref[0], q_Q)[:, None]
+                             + words_ref[pl.ds(k_start // 2, block_k // 2)][None, :])
+    halves = _halves_below(bits_QxP, keep_threshold16(1.0 - rate))
     return jnp.stack(halves, axis=-1).reshape(block_q, block_k)
 
 
-def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate, block_k):
+def _forward_kernel(lengths_ref, streams_ref, words_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate,
+                    block_k, native):
     length = lengths_ref[pl.program_id(0)]
     block_q, head_dim = q_ref.shape
     q_start = pl.program_id(2) * block_q
@@ -158,16 +203,16 @@ def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_re
     def body(j, carry, mask_length):
         o_QxK, m_Q, l_Q = carry
         k_start = j * block_k
-        s_QxS = _scores(q_QxK, k_ref[pl.ds(k_start, block_k), :], k_start, mask_length, scale)
-        m_next_Q = jnp.maximum(m_Q, jnp.max(s_QxS, axis=1))
+        s_QxS, factor = _scores(q_QxK, k_ref[pl.ds(k_start, block_k), :], k_start, mask_length, scale)
+        m_next_Q = jnp.maximum(m_Q, jnp.max(s_QxS, axis=1) * factor)
         correction_Q = jnp.exp2(m_Q - m_next_Q)
-        p_QxS = jnp.exp2(s_QxS - m_next_Q[:, None])
+        p_QxS = _exp2(s_QxS, factor, m_next_Q, native)
         l_Q = correction_Q * l_Q + jnp.sum(p_QxS, axis=1)  # the softmax's sum: before dropout
         if rate > 0.0:
-            p_QxS = jnp.where(_keep(streams_ref, q_start, block_q, k_start, block_k, rate),
+            p_QxS = jnp.where(_keep(streams_ref, q_start, block_q, k_start, block_k, rate, words_ref),
                               p_QxS, 0.0)
         v_SxK = v_ref[pl.ds(k_start, block_k), :]
-        o_QxK = correction_Q[:, None] * o_QxK + plgpu.dot(p_QxS.astype(v_SxK.dtype), v_SxK)
+        o_QxK = correction_Q[:, None] * o_QxK + plgpu.dot(_cast(p_QxS, v_SxK.dtype, native), v_SxK)
         return o_QxK, m_next_Q, l_Q
 
     init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
@@ -177,11 +222,12 @@ def _forward_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, o_ref, lse_re
     lse_ref[...] = m_Q + jnp.log2(l_Q)
 
 
-def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, kept_delta_Q, keep_QxS, k_start, mask_length, scale):
+def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, kept_delta_Q, keep_QxS, k_start, mask_length, scale,
+                    native):
     """The kept probabilities and the scores' gradient of one block, each the keep probability times
     its value (`kept_delta_Q` is the row term times it): the kernels divide their sums by it once,
     not every entry (a division per entry is a special-function instruction, as exp2 is)."""
-    p_QxS = jnp.exp2(_scores(q_QxK, k_SxK, k_start, mask_length, scale) - lse_Q[:, None])
+    p_QxS = _exp2(*_scores(q_QxK, k_SxK, k_start, mask_length, scale), lse_Q, native)
     dp_QxS = plgpu.dot(do_QxK, v_SxK, trans_b=True)
     if keep_QxS is not None:
         dp_QxS = jnp.where(keep_QxS, dp_QxS, 0.0)
@@ -192,7 +238,7 @@ def _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_Q, kept_delta_Q, keep_QxS, 
 
 
 def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, scale, rate,
-                block_q, stacked):
+                block_q, stacked, native):
     length = lengths_ref[pl.program_id(0)]
     block_k, head_dim = k_ref.shape
     k_start = pl.program_id(2) * block_k
@@ -206,8 +252,8 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
         keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, rate)
                     if rate > 0.0 else None)
         kept_QxS, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_SxK, do_QxK, lse_ref[rows], delta_ref[rows], keep_QxS,
-                                           k_start, mask_length, scale)
-        dv_SxK = dv_SxK + plgpu.dot(kept_QxS.astype(do_QxK.dtype), do_QxK, trans_a=True)
+                                           k_start, mask_length, scale, native)
+        dv_SxK = dv_SxK + plgpu.dot(_cast(kept_QxS, do_QxK.dtype, native), do_QxK, trans_a=True)
         dk_SxK = dk_SxK + plgpu.dot(ds_QxS.astype(q_QxK.dtype), q_QxK, trans_a=True)
         return dk_SxK, dv_SxK
 
@@ -234,8 +280,8 @@ def _dkv_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, 
         dv_ref[...] = dv_SxK.astype(dv_ref.dtype)
 
 
-def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref,
-               dbias_ref=None, *, scale, rate, block_k):
+def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o_ref, words_ref, dq_ref,
+               delta_ref, dbias_ref=None, *, scale, rate, block_k, native):
     length = lengths_ref[pl.program_id(0)]
     block_q, head_dim = q_ref.shape
     q_start = pl.program_id(2) * block_q
@@ -251,10 +297,10 @@ def _dq_kernel(lengths_ref, streams_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, o
         k_start = j * block_k
         cols = pl.ds(k_start, block_k)
         k_SxK = k_ref[cols, :]
-        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, rate)
+        keep_QxS = (_keep(streams_ref, q_start, block_q, k_start, block_k, rate, words_ref)
                     if rate > 0.0 else None)
         _, ds_QxS = _probs_and_grad(q_QxK, k_SxK, v_ref[cols, :], do_QxK, lse_Q, delta_Q, keep_QxS, k_start,
-                                    mask_length, scale)
+                                    mask_length, scale, native)
         return dq_QxK + plgpu.dot(ds_QxS.astype(k_SxK.dtype), k_SxK)
 
     dq_QxK = _over_key_blocks(length, block_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
@@ -281,6 +327,11 @@ def _lengths_spec(batch):
 
 def _streams_spec():
     return pl.BlockSpec((None, None, 2), lambda b, h, i: (b, h, 0))
+
+
+def _words_spec(length):
+    """One (b, h)'s key-pair words (`_column_words`), whole, for every block of its rows."""
+    return pl.BlockSpec((None, None, length // 2), lambda b, h, i: (b, h, 0))
 
 
 def _stats_spec(rows, whole):
@@ -323,16 +374,18 @@ def _forward(inputs, lengths_B, streams_BxHx2, rate, blocks, launch, interpret):
     b, length = q.shape[:2]
     h, head_dim = q.shape[-2:]
     block_q, block_k = _blocks(length, blocks)
-    kernel = functools.partial(_forward_kernel, scale=head_dim ** -0.5, rate=rate, block_k=block_k)
+    kernel = functools.partial(_forward_kernel, scale=head_dim ** -0.5, rate=rate, block_k=block_k,
+                               native=INLINE_PTX and not interpret)
     return pl.pallas_call(
         kernel, grid=(b, h, length // block_q),
-        in_specs=[_lengths_spec(b), _streams_spec(), _rows_spec(block_q, head_dim, False, slots[0]),
-                  _rows_spec(length, head_dim, True, slots[1]), _rows_spec(length, head_dim, True, slots[2])],
+        in_specs=[_lengths_spec(b), _streams_spec(), _words_spec(length),
+                  _rows_spec(block_q, head_dim, False, slots[0]), _rows_spec(length, head_dim, True, slots[1]),
+                  _rows_spec(length, head_dim, True, slots[2])],
         out_specs=[_rows_spec(block_q, head_dim, False, None), _stats_spec(block_q, False)],
         out_shape=[jax.ShapeDtypeStruct((b, length, h, head_dim), q.dtype),
                    jax.ShapeDtypeStruct((b, h, length), jnp.float32)],
         compiler_params=_compiler_params(interpret, launch[0]), interpret=interpret, name="attention_dropout_forward",
-    )(lengths_B, streams_BxHx2, q, k, v)
+    )(lengths_B, streams_BxHx2, _column_words(streams_BxHx2, length), q, k, v)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -352,7 +405,7 @@ def _attention_bwd(rate, blocks, launch, interpret, residuals, do):
     b, length = q.shape[:2]
     h, head_dim = q.shape[-2:]
     block_q, block_k = _blocks(length, blocks)
-    common = dict(scale=head_dim ** -0.5, rate=rate)
+    common = dict(scale=head_dim ** -0.5, rate=rate, native=INLINE_PTX and not interpret)
     stacked = len(inputs) == 2
     operands = (lengths_B, streams_BxHx2, q, k, v, do, lse_BxHxL)
     # dQ and the row term: a query block each program, every key; stacked, into slot 0 of dQKV, with
@@ -364,12 +417,12 @@ def _attention_bwd(rate, blocks, launch, interpret, residuals, do):
         functools.partial(_dq_kernel, block_k=block_k, **common), grid=(b, h, length // block_q),
         in_specs=[_lengths_spec(b), _streams_spec(), dq_spec, _rows_spec(length, head_dim, True, slots[1]),
                   _rows_spec(length, head_dim, True, slots[2]), _rows_spec(block_q, head_dim, False, None),
-                  _stats_spec(block_q, False), _rows_spec(block_q, head_dim, False, None)],
+                  _stats_spec(block_q, False), _rows_spec(block_q, head_dim, False, None), _words_spec(length)],
         out_specs=[dq_spec, _stats_spec(block_q, False), *partial_specs],
         out_shape=[jax.ShapeDtypeStruct(inputs[0].shape, q.dtype),
                    jax.ShapeDtypeStruct((b, h, length), jnp.float32), *partial_shapes],
         compiler_params=_compiler_params(interpret, launch[1]), interpret=interpret, name="attention_dropout_dq",
-    )(*operands, out)
+    )(*operands, out, _column_words(streams_BxHx2, length))
     # dK and dV: a key block each program, every query; stacked, into slots 1 and 2 of the same array
     # (aliased: a [block, 3, K] block of which the kernel stores two slots), with each block's sums.
     dkv_specs = [_lengths_spec(b), _streams_spec(), _rows_spec(length, head_dim, True, slots[0]),

@@ -8,11 +8,13 @@ compiles run in subprocesses that have them on their path.
 """
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pmi_jax import compile_only
@@ -299,7 +301,9 @@ for name, change in (("default", []), ("tanh", ["model.gelu=tanh"]), ("bits16", 
     random_words = [i.name for _, i in hlo.kernels(module) if set(re.findall(r"(\\w+)\\[", i.shape)) == {"u32"}]
     out[name] = {"bytes": report.hlo_bytes, "launches": len(hlo.program_kernels(text)),
                  "gelu_epilogues": len(re.findall('"epilogue":"BIAS_GELU', text)), "mask_kernels": masks,
-                 "f32_vocab_gemms": f32_vocab_gemms, "random_words": random_words}
+                 "f32_vocab_gemms": f32_vocab_gemms, "random_words": random_words,
+                 "exp2_asm": sorted(set(re.findall(
+                     r"fma\\.rn\\.f32 t, \\$1, (0f[0-9A-F]{8}), \\$2; ex2\\.approx\\.ftz", text)))}
 print(json.dumps(out))
 """
 
@@ -354,6 +358,16 @@ def test_an_h100_step_draws_every_layers_dropout_streams_at_once(h100_choices):
     ten to twelve a layer (key derivation, draw, slices, words)."""
     two, four = (h100_choices[name]["random_words"] for name in ("paper", "paper-4-layers"))
     assert len(four) - len(two) <= 2 * 2, h100_choices
+
+
+@needs_cuda_plugin
+def test_an_h100_steps_attention_kernels_take_exp2_in_one_multiply_add_without_denormals(h100_choices):
+    """In the paper's setting the Triton attention kernels compute each probability as one fused
+    multiply-add (by 1/sqrt(head dim) log2 e on full key blocks, by 1 on the partial one) and a
+    flush-to-zero exp2, inline PTX (`fused_attention._exp2`); programs without our kernel have none."""
+    factor = np.float32(_config().model.head_dim ** -0.5 * math.log2(math.e)).view(np.uint32)
+    assert h100_choices["paper"]["exp2_asm"] == sorted(["0f3F800000", f"0f{factor:08X}"]), h100_choices
+    assert h100_choices["default"]["exp2_asm"] == [], h100_choices
 
 
 def test_cli_gpu_compile_only_without_the_plugin_names_the_fix():

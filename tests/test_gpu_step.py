@@ -25,6 +25,9 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
+    # Ours against the written-out attention with its mask (on a GPU the check of its inline PTX).
+    assert check["ours_within_bf16"] and set(check["ours_vs_reference_same_mask"]["ours"]) == {
+        "out", "dq", "dk", "dv"}, check
     assert check["stacked"]["identical"], check["stacked"]  # our kernel, interpreted: stacked = three inputs
     assert check["stacked"]["dbias_error_relative_to_max"] < 2e-2, check["stacked"]  # bf16 sums
     assert len(check["stacked"]["forms"]) == 3, check["stacked"]  # cuDNN's on GPUs only
@@ -186,3 +189,28 @@ def test_ptx_loops_are_counted_per_trip():
     [loop] = pallas_attention_compile.loop_mix(ptx)
     assert (loop["instructions"], loop["mma"], loop["special"]) == (7, 1, 2)
     assert loop["top"]["xor.b32"] == 1 and loop["top"]["bra"] == 1
+    # An inline-asm block counts each instruction in it (its register declaration is no instruction).
+    asm = "\t{ .reg .f32 t; fma.rn.f32 t, %r1, 0f3E38AA3B, %r2; ex2.approx.ftz.f32 %r3, t; }"
+    [loop] = pallas_attention_compile.loop_mix(ptx.replace("\tex2.approx.f32 \t%r5, %r6;", asm))
+    assert (loop["instructions"], loop["special"]) == (8, 2) and loop["top"]["fma.rn.f32"] == 1
+
+
+def test_sass_loops_are_counted_per_trip():
+    """`pallas_attention_compile.sass_mix` (the `--sass` counts) on an nvdisasm listing: a loop runs
+    from a label to the branch back to it, predicated instructions count under their opcode, and the
+    one-instruction loop that ends every kernel is not a loop of the kernel's."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import pallas_attention_compile
+
+    sass = "\n".join([
+        "attention_dropout_forward:", "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+        ".L_x_1:", "        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;",
+        "        /*0020*/                   FFMA R36, R37, 0.18033687770366668701, R102 ;",
+        "        /*0030*/                   MUFU.EX2 R28, R36 ;",
+        "        /*0040*/              @!P4 FMUL R28, R28, R28 ;",
+        "        /*0050*/                   FFMA R37, R40, 0.18033687770366668701, R102 ;",
+        "        /*0060*/               @P0 BRA `(.L_x_1) ;", "        /*0070*/                   EXIT ;",
+        ".L_x_2:", "        /*0080*/                   BRA `(.L_x_2);"])
+    [loop] = pallas_attention_compile.sass_mix(sass)
+    assert (loop["instructions"], loop["mma"], loop["special"]) == (6, 1, 1), loop
+    assert loop["top"] == {"FFMA": 2, "HGMMA.64x64x16.F32.BF16": 1, "MUFU.EX2": 1, "FMUL": 1, "BRA": 1}
