@@ -18,11 +18,13 @@ instructions (exp2 without flushing takes four). Run on a CPU-only machine as
     JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
         --gpu h100 --output DIR [--ptx | --sass]
 
-ptxas and nvdisasm (PTX 9.0 needs CUDA 13's) come from PATH or from a folder on PYTHONPATH holding
-NVIDIA's wheels: python3 -m pip install --no-deps --target .venv/cuda-tools -c constraints.txt
-nvidia-cuda-nvcc nvidia-cuda-nvdisasm, then PYTHONPATH=$PWD:.venv/cuda12:.venv/cuda-tools.
+ptxas and nvdisasm come from a folder on PYTHONPATH holding NVIDIA's CUDA 13 wheels, else from
+PATH (XLA writes PTX for the newest ptxas it finds, which an older one refuses): python3 -m pip
+install --no-deps --target .venv/cuda-tools -c constraints.txt nvidia-cuda-nvcc nvidia-cuda-nvdisasm,
+then PYTHONPATH=$PWD:.venv/cuda12:.venv/cuda-tools.
 
-Figures: benchmarks/README.md, "Pallas attention" and "The attention kernels' loops".
+Figures: benchmarks/README.md, "Pallas attention", "The attention kernels' loops" and "The
+attention loops' machine code".
 """
 from __future__ import annotations
 
