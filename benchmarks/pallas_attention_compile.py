@@ -164,11 +164,15 @@ def loop_mix(ptx: str) -> list[dict]:
                 text = re.sub(r"^@!?%p\d+\s+", "", statement.strip())
                 if text and not text.startswith(("//", "$", ".", "{", "}")):
                     ops[text.split()[0].rstrip(";")] += 1
-        out.append({"instructions": sum(ops.values()),
-                    "mma": sum(n for op, n in ops.items() if op.startswith("wgmma.mma_async") or op.startswith("mma.")),
-                    "special": sum(n for op, n in ops.items() if op.startswith(("ex2", "div", "rcp"))),
-                    "top": dict(ops.most_common(12))})
+        out.append(_mix(ops, mma=("wgmma.mma_async", "mma."), special=("ex2", "div", "rcp")))
     return out
+
+
+def _mix(ops: collections.Counter, mma: tuple, special: tuple) -> dict:
+    """A loop's instruction count by opcode -> its total, matmul and special-function ones (by
+    opcode prefix) and the commonest: what `loop_mix` and `sass_mix` report per loop."""
+    return {"instructions": sum(ops.values()), "mma": sum(n for op, n in ops.items() if op.startswith(mma)),
+            "special": sum(n for op, n in ops.items() if op.startswith(special)), "top": dict(ops.most_common(12))}
 
 
 def _our_kernels(directory: str) -> dict:
@@ -210,11 +214,7 @@ def sass_mix(sass: str) -> list[dict]:
     for end, target in branches:
         start = labels.get(target, end + 1)
         if start < end:
-            mix = collections.Counter(ops[start:end + 1])
-            out.append({"instructions": end + 1 - start,
-                        "mma": sum(n for op, n in mix.items() if op.startswith("HGMMA")),
-                        "special": sum(n for op, n in mix.items() if op.startswith("MUFU")),
-                        "top": dict(mix.most_common(12))})
+            out.append(_mix(collections.Counter(ops[start:end + 1]), mma=("HGMMA",), special=("MUFU",)))
     return out
 
 
@@ -229,10 +229,9 @@ def _cuda_tool(name: str) -> str:
     return found
 
 
-def sass_loops(directory: str) -> dict:
+def sass_loops(directory: str, ptxas: str, nvdisasm: str) -> dict:
     """{kernel name: {registers, spill bytes, its loops' `sass_mix`}}: each of our kernels' PTX in
     `directory` assembled for sm_90a (the H100's and H200's Hopper) by ptxas -O3, then disassembled."""
-    ptxas, nvdisasm = _cuda_tool("ptxas"), _cuda_tool("nvdisasm")
     out = {}
     for name, path in _our_kernels(directory).items():
         cubin = path[:-len(".ptx")] + ".cubin"
@@ -260,8 +259,7 @@ def main(argv=None) -> None:
                         "attention and one fused LayerNorm, dropout 0.1)")
     args = parser.parse_args(argv)
     args.ptx = args.ptx or args.sass
-    if args.sass:  # before minutes of compiling
-        _cuda_tool("ptxas"), _cuda_tool("nvdisasm")
+    tools = (_cuda_tool("ptxas"), _cuda_tool("nvdisasm")) if args.sass else None  # before minutes of compiling
     os.makedirs(args.output, exist_ok=True)
     ptx_dir = os.path.join(args.output, "ptx")
     if args.ptx:  # before JAX starts its backend: XLA reads its flags once
@@ -275,7 +273,7 @@ def main(argv=None) -> None:
         for name, loops in result["ptx_loops"].items():
             print(name, json.dumps([{k: v for k, v in loop.items() if k != "top"} for loop in loops]))
     if args.sass:
-        result["sass_loops"] = sass_loops(ptx_dir)
+        result["sass_loops"] = sass_loops(ptx_dir, *tools)
         for name, kernel in result["sass_loops"].items():
             loops = [{k: v for k, v in loop.items() if k != "top"} for loop in kernel["loops"]]
             print(name, "SASS", json.dumps({k: v for k, v in kernel.items() if k != "loops"} | {"loops": loops}))

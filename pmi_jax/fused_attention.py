@@ -53,7 +53,12 @@ def position_words(stream, pos):
 
 def entry_bits(row_stream, col_stream, q_Q, k_S):
     """uint32 [Q, S]: the random bits of entries (q, k) of one (b, h) with streams (row, col)."""
-    return lowbias32(position_words(row_stream, q_Q)[:, None] + position_words(col_stream, k_S)[None, :])
+    return _words_bits(position_words(row_stream, q_Q), position_words(col_stream, k_S))
+
+
+def _words_bits(row_words_Q, col_words_S):
+    """uint32 [Q, S]: `entry_bits` from the rows' and columns' `position_words`."""
+    return lowbias32(row_words_Q[:, None] + col_words_S[None, :])
 
 
 def keep_threshold(rate: float) -> int:
@@ -183,12 +188,9 @@ def _keep(streams_ref, q_start, block_q, k_start, block_k, rate, words_ref=None)
     """`entry_keep` of one block: each pair's hash once, its halves joined along the columns (in
     registers: Triton's join keeps both in the thread that holds the adjacent columns). The key
     pairs' words from `words_ref` (`_column_words`) where given, else computed here."""
-    q_Q = q_start + jnp.arange(block_q)
-    if words_ref is None:
-        bits_QxP = entry_bits(streams_ref[0], streams_ref[1], q_Q, k_start // 2 + jnp.arange(block_k // 2))
-    else:
-        bits_QxP = lowbias32(position_words(streams_ref[0], q_Q)[:, None]
-                             + words_ref[pl.ds(k_start // 2, block_k // 2)][None, :])
+    words_P = (position_words(streams_ref[1], k_start // 2 + jnp.arange(block_k // 2)) if words_ref is None
+               else words_ref[pl.ds(k_start // 2, block_k // 2)])
+    bits_QxP = _words_bits(position_words(streams_ref[0], q_start + jnp.arange(block_q)), words_P)
     halves = _halves_below(bits_QxP, keep_threshold16(1.0 - rate))
     return jnp.stack(halves, axis=-1).reshape(block_q, block_k)
 
