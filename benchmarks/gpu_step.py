@@ -80,6 +80,7 @@ PAPER = ()  # BERT's dropout 0.1 everywhere, attention included (configs/base.py
 NO_ATTN_DROPOUT = ("model.attention_dropout_rate=0",)
 
 UNROLLED = ("model.scan_layers=false", "model.remat=none")  # large's config scans and rematerialises
+STACKED = ("model.scan_layers=true", "model.scan_unroll=24", "model.remat=none")  # no loop, stacked parameters
 
 CHECK = Variant("attention-check", min_s=30)  # cuDNN's attention against XLA's; ours stacked against 3 inputs
 KERNELS = Variant("attention-kernels", min_s=70)  # one layer's attention, forward and backward, per implementation
@@ -108,12 +109,17 @@ GPU_PLAN = (
     Variant("base-512-paper-bits16", overrides=("model.dropout_mask=bits16",)),
     # Without CUDA graphs (XLA's command buffers, on by default; XLA turns them off while profiling).
     Variant("base-512-attn0-no-graphs", overrides=NO_ATTN_DROPOUT, xla_flags=NO_GRAPHS),
+    # The layers scanned and unrolled: stacked parameters, one optimizer kernel per kind (2026-11-29).
+    Variant("base-512-attn0-stacked", overrides=NO_ATTN_DROPOUT + STACKED, profile=True),
+    Variant("base-512-paper-stacked", overrides=STACKED, profile=True),
     # XLA's LayerNorm, the GPU default before residual_norm=auto took the fused kernel (2026-11-28).
     Variant("base-512-attn0-xla-ln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=xla",), profile=True),
     Variant("base-512-paper-xla-ln", overrides=("model.residual_norm=xla",), profile=True),
     Variant("base-512-paper-written", overrides=("model.attention=xla",)),  # the default before 2026-11-28
     Variant("large-512-attn0-unrolled", size="large", overrides=NO_ATTN_DROPOUT + UNROLLED, profile=True, min_s=150),
     Variant("large-512-paper-unrolled", size="large", overrides=UNROLLED, profile=True, min_s=150),
+    Variant("large-512-attn0-stacked", size="large", overrides=NO_ATTN_DROPOUT + STACKED, profile=True, min_s=150),
+    Variant("large-512-paper-stacked", size="large", overrides=STACKED, profile=True, min_s=150),
     Variant("large-512-paper", size="large", profile=True, min_s=40),
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT, min_s=40),
     KERNELS,

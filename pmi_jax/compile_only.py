@@ -292,10 +292,12 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     tokens = config.train.batch_size * config.data.seq_len
     formula = (flops.training_flops_per_token(config.model, config.data.seq_len, config.data.highest_mask_rate)
                * tokens / len(devices))
-    loops = [what for what, on in (("model.scan_layers", config.model.scan_layers),
+    rolled = config.model.scan_layers and config.model.scan_unroll < config.model.num_layers
+    loops = [what for what, on in (("model.scan_layers", rolled),
                                    ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
     loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "
-                 "compile with model.scan_layers=false and optimizer.grad_accum_steps=1 for the step's FLOPs and "
+                 "compile with model.scan_layers=false (or model.scan_unroll at the number of layers) and "
+                 "optimizer.grad_accum_steps=1 for the step's FLOPs and "
                  "time" if loops else None)
     peak = config.train.peak_flops or flops.device_peak_flops(device_kind)
     gpu_figures = _hlo_figures(compiled.as_text(), spec, peak) if spec else {}

@@ -140,6 +140,11 @@ def array_bytes(shape: str) -> int:
     return total
 
 
+def _bits(shape: str) -> int:
+    m = _ARRAY.search(shape)
+    return DTYPE_BITS.get(m.group(1), 0) if m else 0
+
+
 def _dims(shape: str) -> list[int]:
     m = _ARRAY.search(shape)
     return [int(d) for d in m.group(2).split(",") if d] if m else []
@@ -173,26 +178,30 @@ def kernel_bytes(module: Module, computation: str, inst: Instruction) -> int:
     call's workspace, scratch it may not touch, left out).
 
     A fusion parameter used only by slices, dynamic slices or gathers (as their source, also
-    through bitcasts) is counted for what those read: an embedding lookup reads its rows, not the
-    table; a bias add on one third of a merged Q/K/V matmul's output reads that third. A buffer
-    passed several times is read once (the attention kernel takes the stacked q, k, v as each
-    of the three); one a Pallas kernel's result aliases is counted as the result, which it
-    updates in place (a cuBLAS call's aliased operand is its beta term, read).
+    through bitcasts and conversions, which XLA computes only where sliced) is counted for what
+    those read: an embedding lookup reads its rows, not the table; a bias add on one third of a
+    merged Q/K/V matmul's output reads that third; one layer's weights cast from stacked ones
+    read that layer's. A buffer passed several times is read once (the attention kernel takes
+    the stacked q, k, v as each of the three); one a Pallas kernel's result aliases is counted
+    as the result, which it updates in place (a cuBLAS call's aliased operand is its beta term,
+    read).
     """
     fused = module.computations.get(inst.calls[0], ()) if inst.opcode == "fusion" and inst.calls else ()
     params = {i.parameter: i.name for i in fused if i.opcode == "parameter"}
+    gemm = _gemm_target(inst.target) or any(_gemm_target(i.target) for i in fused)  # or cuBLAS on slices
     aliased = {int(n) for n in _ALIASED.findall(inst.attributes)} if inst.target == _TRITON else set()
     read, seen = 0, set()
     for n, operand in enumerate(inst.operands):
         if operand in seen or n in aliased:
             continue
         seen.add(operand)
-        size = array_bytes(module.shape_of(computation, operand))
+        shape = module.shape_of(computation, operand)
+        size = array_bytes(shape)
         readers = _readers(fused, params[n]) if n in params else []
         if readers and all(r.opcode in _READS_PART and r.operands[0] == via for r, via in readers):
-            size = min(size, sum(array_bytes(r.shape) for r, _ in readers))
+            size = min(size, sum(math.prod(_dims(r.shape)) * _bits(shape) // 8 for r, _ in readers))
         read += size
-    return read + array_bytes(_WORKSPACE.sub(")", inst.shape) if _gemm_target(inst.target) else inst.shape)
+    return read + array_bytes(_WORKSPACE.sub(")", inst.shape) if gemm else inst.shape)
 
 
 _TRITON = "__gpu$xla.gpu.triton"  # the custom call of a Pallas (Triton) kernel
@@ -202,10 +211,11 @@ _WORKSPACE = re.compile(r",\s*s8\[\d+\](\{0\})?\)$")  # a cuBLAS call's scratch:
 
 def _readers(fused: tuple, name: str) -> list[tuple[Instruction, str]]:
     """(instruction, the operand name it reads) for every use of `name` in a fused computation,
-    looking through bitcasts: a slice of a reshaped operand reads only its part."""
+    looking through bitcasts and conversions: a slice of a reshaped or cast operand reads only
+    its part."""
     out = []
     for user in (i for i in fused if name in i.operands):
-        out += _readers(fused, user.name) if user.opcode == "bitcast" else [(user, name)]
+        out += _readers(fused, user.name) if user.opcode in ("bitcast", "convert") else [(user, name)]
     return out
 
 
@@ -348,7 +358,8 @@ def model_op(op_name: str) -> tuple[str, str]:
     direction = "backward" if "transpose(" in op_name else "forward" if "jvp(" in op_name else ""
     parts = []
     for part in op_name.split("/")[:-1]:  # the last part is the primitive
-        if part.startswith(("jit(", "jvp(", "transpose(", "vmap(", "remat", "checkpoint", "pjit(")) or "<" in part:
+        if part.startswith(("jit(", "jvp(", "transpose(", "vmap(", "remat", "checkpoint", "pjit(", "eval_jaxpr")) \
+                or "<" in part:
             continue
         if parts and (part == parts[-1] or part.startswith(parts[-1] + ".")):
             continue  # flax repeats a layer's name (layer_3/layer_3) and names a method's scope Dropout_0.keep_mask

@@ -868,7 +868,9 @@ def _remat(config: ModelConfig, layer_cls):
     # projections (Q, K, V, output, feed-forward); attention scores, softmax, dropout, GELU and
     # LayerNorm are recomputed. full keeps only each layer's input.
     policy = None if config.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    return nn.remat(layer_cls, policy=policy, prevent_cse=not config.scan_layers, static_argnums=(3,))
+    # A rolled scan's loop keeps XLA from merging the recomputation with the forward pass; unrolled, it does not.
+    rolled = config.scan_layers and config.scan_unroll == 1
+    return nn.remat(layer_cls, policy=policy, prevent_cse=not rolled, static_argnums=(3,))
 
 
 class BertEncoder(nn.Module):
@@ -882,7 +884,8 @@ class BertEncoder(nn.Module):
         if c.scan_layers:
             scan = nn.scan(_remat(c, _ScanStep), variable_axes={"params": 0},
                            split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast, nn.broadcast, 0),
-                           length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                           length=c.num_layers, unroll=min(c.scan_unroll, c.num_layers),
+                           metadata_params={nn.PARTITION_NAME: "layers"})
             self.layers = scan(c, name=SCANNED_LAYERS)
         else:
             layer_cls = _remat(c, _LoopStep)

@@ -145,6 +145,42 @@ ENTRY %main (x: bf16[512,256], w: bf16[256,128]) -> bf16[512,128] {
     assert found.flops == 2 * 512 * 256 * 128
 
 
+def test_one_layers_weights_cast_or_multiplied_from_stacked_ones_read_that_layer():
+    """As an unrolled scan's H100 program writes them (`model.scan_unroll`): a fusion that casts the
+    stacked float32 weights and slices one layer reads that layer's float32 entries; a cuBLAS call
+    in a dynamic-slice fusion reads its slice of the stacked bf16 weights and not its workspace."""
+    text = """HloModule stacked
+
+%fused_cast (param_0: f32[12,256,128]) -> bf16[256,128] {
+  %param_0 = f32[12,256,128]{2,1,0} parameter(0)
+  %convert.1 = bf16[12,256,128]{2,1,0} convert(%param_0)
+  %slice.1 = bf16[1,256,128]{2,1,0} slice(%convert.1), slice={[3:4], [0:256], [0:128]}
+  ROOT %bitcast.1 = bf16[256,128]{1,0} bitcast(%slice.1)
+}
+
+%dynamic-slice-fusion.1 (p0: bf16[12,256,128], p1: bf16[512,256]) -> (bf16[512,128], s8[33554432]) {
+  %p1 = bf16[512,256]{1,0} parameter(1)
+  %p0 = bf16[12,256,128]{2,1,0} parameter(0)
+  %slice.2 = bf16[1,256,128]{2,1,0} slice(%p0), slice={[3:4], [0:256], [0:128]}
+  %bitcast.2 = bf16[256,128]{1,0} bitcast(%slice.2)
+  ROOT %gemm.1 = (bf16[512,128]{1,0}, s8[33554432]{0}) custom-call(%p1, %bitcast.2), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+}
+
+ENTRY %main (w: f32[12,256,128], s: bf16[12,256,128], x: bf16[512,256]) -> (bf16[256,128], bf16[512,128]) {
+  %w = f32[12,256,128]{2,1,0} parameter(0)
+  %s = bf16[12,256,128]{2,1,0} parameter(1)
+  %x = bf16[512,256]{1,0} parameter(2)
+  %cast = bf16[256,128]{1,0} fusion(%w), kind=kLoop, calls=%fused_cast
+  %dsf = (bf16[512,128]{1,0}, s8[33554432]{0}) fusion(%s, %x), kind=kCustom, calls=%dynamic-slice-fusion.1
+  %out = bf16[512,128]{1,0} get-tuple-element(%dsf), index=0
+  ROOT %t = (bf16[256,128]{1,0}, bf16[512,128]{1,0}) tuple(%cast, %out)
+}
+"""
+    cast, gemm = hlo.program_kernels(text)
+    assert cast.bytes == 256 * 128 * (4 + 2)
+    assert gemm.category == "matmul" and gemm.bytes == 2 * (256 * 128 + 512 * 256 + 512 * 128)
+
+
 def test_a_buffer_passed_twice_is_read_once_and_a_kernels_aliased_operand_is_its_result():
     """As the H100 program writes the stacked attention's dK/dV kernel (operand 0 is the stack, passed
     as q, k and v; operand 3 the dQ kernel's output, which it writes dK and dV into), and a cuBLAS
@@ -206,6 +242,8 @@ def test_kernels_are_named_by_module_and_direction():
      ("backward", "encoder/layer_11/attention/Dropout_0")),
     ("jit(train_step)/jvp(BertForMaskedLM)/encoder/layer_2/layer_2/attention/Dropout_0/Dropout_0.keep_mask/lt",
      ("forward", "encoder/layer_2/attention/Dropout_0")),  # a method's own scope, under its module
+    ("jit(train_step)/jvp(BertForMaskedLM)/encoder/eval_jaxpr/layers/layers/feed_forward/output/dot_general",
+     ("forward", "encoder/layers/feed_forward/output")),  # scanned layers: all of them, stacked
     ("jit(train_step)/add", ("", "")),
 ])
 def test_op_names_become_direction_and_module_path(op_name, expected):

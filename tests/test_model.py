@@ -466,6 +466,31 @@ def test_scanned_layers_compute_the_loop_with_stacked_parameters():
     np.testing.assert_allclose(np.asarray(scanned), np.asarray(looped), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("remat", ["none", "dots_saveable"])
+def test_an_unrolled_scan_computes_the_rolled_one(remat):
+    """scan_unroll runs the layers without a loop on the same stacked parameters: the same
+    dropout masks, so the same loss and gradients up to XLA's order of float32 operations."""
+    import dataclasses
+
+    ids, mask, types = _inputs()
+    rolled = _scanned(remat=remat)
+    _, params = _init(rolled)
+
+    def loss_and_grads(config):
+        model = BertForMaskedLM(config)
+
+        def loss(p):
+            logits = model.apply({"params": p}, ids, mask, types, deterministic=False,
+                                 rngs={"dropout": jax.random.key(3)})
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids).mean()
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    reference = loss_and_grads(rolled)
+    unrolled = loss_and_grads(dataclasses.replace(rolled, scan_unroll=CONFIG.num_layers))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), unrolled, reference)
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_remat_policies_give_the_gradients_of_no_remat(scan):
     import dataclasses
