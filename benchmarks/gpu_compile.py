@@ -46,6 +46,7 @@ VARIANTS = {  # gpu_step.py's names
                                         "model.scan_unroll=12")),
     "base-512-paper-stacked": ("base", ("model.scan_layers=true", "model.scan_unroll=12")),
     "large-512-paper": ("large", ()),
+    "large-512-paper-rolled": ("large", ("model.scan_unroll=1",)),  # the loop, GPUs' default before 2026-11-29
     "large-512-paper-unrolled": ("large", ("model.scan_layers=false", "model.remat=none")),
     "large-512-attn0-unrolled": ("large", ("model.attention_dropout_rate=0", "model.scan_layers=false",
                                            "model.remat=none")),

@@ -120,7 +120,9 @@ GPU_PLAN = (
     Variant("large-512-paper-unrolled", size="large", overrides=UNROLLED, profile=True, min_s=150),
     Variant("large-512-attn0-stacked", size="large", overrides=NO_ATTN_DROPOUT + STACKED, profile=True, min_s=150),
     Variant("large-512-paper-stacked", size="large", overrides=STACKED, profile=True, min_s=150),
-    Variant("large-512-paper", size="large", profile=True, min_s=40),
+    Variant("large-512-paper", size="large", profile=True, min_s=40),  # configs/large.py: scanned, remat
+    # Its scan as a loop, the GPU default before scan_unroll=0 unrolled it (2026-11-29).
+    Variant("large-512-paper-rolled", size="large", overrides=("model.scan_unroll=1",), min_s=40),
     Variant("large-512-attn0", size="large", overrides=NO_ATTN_DROPOUT, min_s=40),
     KERNELS,
     NORMS,
@@ -134,7 +136,6 @@ GPU_PLAN = (
     Variant("base-512-paper-rbg", overrides=("train.prng_impl=rbg",)),
     Variant("base-512-attn0-xla", overrides=NO_ATTN_DROPOUT + ("model.attention=xla",)),
     Variant("base-512-paper-b64", batch_per_device=64),
-    Variant("large-512-paper-noremat", size="large", overrides=("model.remat=none",), min_s=40),
     # The hidden dropouts' masks as before the 16-bit ones (one threefry block per element).
     Variant("base-512-attn0-bernoulli", overrides=NO_ATTN_DROPOUT + ("model.dropout_mask=bernoulli",)),
     Variant("base-512-paper-cudnn-ln", xla_flags=("--xla_gpu_enable_cudnn_layer_norm=true",)),

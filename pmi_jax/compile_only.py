@@ -255,7 +255,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     import jax
     import numpy as np
 
-    from pmi_jax import batches, flops, partitioning, train
+    from pmi_jax import batches, flops, model, partitioning, train
 
     topology, devices, hbm_bytes, device_kind, spec = _target(topology_name)
     mesh = partitioning.make_mesh(config.mesh, devices)
@@ -292,7 +292,8 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     tokens = config.train.batch_size * config.data.seq_len
     formula = (flops.training_flops_per_token(config.model, config.data.seq_len, config.data.highest_mask_rate)
                * tokens / len(devices))
-    rolled = config.model.scan_layers and config.model.scan_unroll < config.model.num_layers
+    settled = model.for_platform(config.model, "gpu" if spec else "tpu")
+    rolled = settled.scan_layers and settled.scan_unroll < settled.num_layers
     loops = [what for what, on in (("model.scan_layers", rolled),
                                    ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
     loop_note = (f"XLA's cost analysis counts a loop body once and {' and '.join(loops)} puts the layers in a loop; "

@@ -84,9 +84,10 @@ class ModelConfig:
     scan_layers: bool = False
     # Layers per trip of that scan's loop; num_layers (or more) unrolls it: the layers run one
     # after another as in the loop, on the stacked parameters, so a GPU program updates each kind
-    # of parameter in one optimizer kernel instead of one per layer (benchmarks/README.md,
-    # "Stacked parameters, unrolled layers"). The parameters are those of any scan.
-    scan_unroll: int = 1
+    # of parameter in one optimizer kernel instead of one per layer. 0 ("auto"): every layer in
+    # GPU programs, 1 elsewhere (`model.for_platform`; benchmarks/README.md, "Stacked parameters,
+    # unrolled layers"). The parameters are those of any scan.
+    scan_unroll: int = 0
     # Rematerialisation of each layer in the backward pass: none (keep every activation),
     # full (recompute the layer), dots_saveable (keep the weight matmuls' outputs, recompute
     # the rest, attention scores included).
@@ -197,8 +198,8 @@ class ModelConfig:
             raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
         if self.remat not in REMAT_POLICIES:
             raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
-        if self.scan_unroll < 1:
-            raise UserInputError(f"model.scan_unroll={self.scan_unroll}: expected a number of layers, at least 1")
+        if self.scan_unroll < 0:
+            raise UserInputError(f"model.scan_unroll={self.scan_unroll}: expected a number of layers, or 0 (auto)")
         if self.scan_unroll > 1 and not self.scan_layers:
             raise UserInputError(f"model.scan_unroll={self.scan_unroll} unrolls the scan of model.scan_layers=true: "
                                  "set that too (the loop without it is unrolled already)")

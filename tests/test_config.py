@@ -66,8 +66,8 @@ def test_model_config_checks_itself():
         with pytest.raises(UserInputError, match=r"dropout_rate=.*: a dropout rate must be in \[0, 1\)"):
             apply_overrides(_config(), [override])
     assert apply_overrides(_config(), ["model.attention_dropout_rate=0"]).model.attention_dropout_rate == 0.0
-    with pytest.raises(UserInputError, match="model.scan_unroll=0: expected a number of layers, at least 1"):
-        apply_overrides(_config(), ["model.scan_layers=true", "model.scan_unroll=0"])
+    with pytest.raises(UserInputError, match=r"model.scan_unroll=-1: expected a number of layers, or 0 \(auto\)"):
+        apply_overrides(_config(), ["model.scan_layers=true", "model.scan_unroll=-1"])
     with pytest.raises(UserInputError, match="model.scan_unroll=12 unrolls the scan of model.scan_layers=true"):
         apply_overrides(_config(), ["model.scan_layers=false", "model.scan_unroll=12"])
 

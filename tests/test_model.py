@@ -473,7 +473,7 @@ def test_an_unrolled_scan_computes_the_rolled_one(remat):
     import dataclasses
 
     ids, mask, types = _inputs()
-    rolled = _scanned(remat=remat)
+    rolled = _scanned(remat=remat, scan_unroll=1)
     _, params = _init(rolled)
 
     def loss_and_grads(config):
@@ -549,7 +549,8 @@ def test_plain_kernels_keep_the_rates_of_the_cpu_variants():
 
 def test_cpu_variants_are_settled_by_the_programs_platform():
     """"cpu" (the default) becomes "always" for a CPU program and "never" for a TPU or GPU one;
-    an explicit choice is kept; a bool from a config saved before the choice existed still loads."""
+    an explicit choice is kept; a bool from a config saved before the choice existed still loads.
+    The hidden-dropout masks and the scanned layers' unrolling are settled by platform too."""
     import dataclasses
 
     from pmi_jax.config import model_config_from_dict
@@ -561,6 +562,10 @@ def test_cpu_variants_are_settled_by_the_programs_platform():
     assert for_platform(CONFIG, "gpu").xla_cpu_variants == "never"
     assert [for_platform(CONFIG, p).dropout_mask for p in ("cpu", "tpu", "gpu")] == ["bernoulli", "bernoulli", "hash"]
     assert for_platform(dataclasses.replace(CONFIG, dropout_mask="bernoulli"), "gpu").dropout_mask == "bernoulli"
+    scanned = _scanned()  # scan_unroll=0: every layer on GPUs, the loop elsewhere; no loop to unroll unscanned
+    assert [for_platform(scanned, p).scan_unroll for p in ("cpu", "tpu", "gpu")] == [1, 1, CONFIG.num_layers]
+    assert for_platform(CONFIG, "gpu").scan_unroll == 1
+    assert for_platform(dataclasses.replace(scanned, scan_unroll=1), "gpu").scan_unroll == 1
     for explicit in ("always", "never"):
         assert for_platform(dataclasses.replace(CONFIG, xla_cpu_variants=explicit), "tpu").xla_cpu_variants == explicit
     assert _uses_cpu_variants(CONFIG) == (jax.default_backend() == "cpu")
