@@ -145,7 +145,7 @@ ENTRY %main (x: bf16[512,256], w: bf16[256,128]) -> bf16[512,128] {
     assert found.flops == 2 * 512 * 256 * 128
 
 
-def test_one_layers_weights_cast_or_multiplied_from_stacked_ones_read_that_layer():
+def test_a_cast_or_a_matmul_on_one_layer_of_stacked_weights_reads_that_layer():
     """As an unrolled scan's H100 program writes them (`model.scan_unroll`): a fusion that casts the
     stacked float32 weights and slices one layer reads that layer's float32 entries; a cuBLAS call
     in a dynamic-slice fusion reads its slice of the stacked bf16 weights and not its workspace."""
