@@ -292,7 +292,7 @@ def compile_train_step(config: ExperimentConfig, topology_name: str):
     tokens = config.train.batch_size * config.data.seq_len
     formula = (flops.training_flops_per_token(config.model, config.data.seq_len, config.data.highest_mask_rate)
                * tokens / len(devices))
-    settled = model.for_platform(config.model, "gpu" if spec else "tpu")
+    settled = model.for_platform(config.model, mesh.devices.flat[0].platform)  # as `train.build_program` settles it
     rolled = settled.scan_layers and settled.scan_unroll < settled.num_layers
     loops = [what for what, on in (("model.scan_layers", rolled),
                                    ("optimizer.grad_accum_steps > 1", config.optimizer.grad_accum_steps > 1)) if on]
