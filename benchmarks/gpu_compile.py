@@ -45,6 +45,8 @@ VARIANTS = {  # gpu_step.py's names
     "base-512-attn0-stacked": ("base", ("model.attention_dropout_rate=0", "model.scan_layers=true",
                                         "model.scan_unroll=12")),
     "base-512-paper-stacked": ("base", ("model.scan_layers=true", "model.scan_unroll=12")),
+    "base-512-attn0-ffn": ("base", ("model.attention_dropout_rate=0", "model.feed_forward=pallas")),
+    "base-512-paper-ffn": ("base", ("model.feed_forward=pallas",)),
     "large-512-paper": ("large", ()),
     "large-512-paper-rolled": ("large", ("model.scan_unroll=1",)),  # the loop, GPUs' default before 2026-11-29
     "large-512-paper-unrolled": ("large", ("model.scan_layers=false", "model.remat=none")),

@@ -112,6 +112,9 @@ GPU_PLAN = (
     # The layers scanned and unrolled: stacked parameters, one optimizer kernel per kind (2026-11-29).
     Variant("base-512-attn0-stacked", overrides=NO_ATTN_DROPOUT + STACKED, profile=True),
     Variant("base-512-paper-stacked", overrides=STACKED, profile=True),
+    # The feed-forward's GELU in its matmuls' epilogues (`model.feed_forward=pallas`, 2026-11-29).
+    Variant("base-512-attn0-ffn", overrides=NO_ATTN_DROPOUT + ("model.feed_forward=pallas",), profile=True),
+    Variant("base-512-paper-ffn", overrides=("model.feed_forward=pallas",), profile=True),
     # XLA's LayerNorm, the GPU default before residual_norm=auto took the fused kernel (2026-11-28).
     Variant("base-512-attn0-xla-ln", overrides=NO_ATTN_DROPOUT + ("model.residual_norm=xla",), profile=True),
     Variant("base-512-paper-xla-ln", overrides=("model.residual_norm=xla",), profile=True),
@@ -334,7 +337,44 @@ def attention_check(platform: str | None) -> dict:
             "ours_vs_reference_same_mask": ours,
             "ours_within_bf16": "ours" in ours and all(ours["ours"][n] < 2 * ours["written bf16"][n] + 1e-2
                                                        for n in ours["ours"]),
-            "stacked": _stacked_check(on_gpu)}
+            "stacked": _stacked_check(on_gpu), "feed_forward": _feed_forward_check(on_gpu)}
+
+
+def _feed_forward_check(on_gpu: bool) -> dict:
+    """`model.feed_forward=pallas`'s kernels (compiled on a GPU, interpreted elsewhere) and XLA's path
+    in bf16, each against XLA's path in float32 ([4096, 768] x [768, 3072] on a GPU): output and
+    gradients' largest error over the largest value, as tests/test_fused_feed_forward.py checks it
+    interpreted; `within_bf16` where ours is within 1.5 times XLA's bf16 error or 2^-8."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pmi_jax import fused_feed_forward
+    from pmi_jax.model import _gelu
+
+    t, d, f = (4096, 768, 3072) if on_gpu else (64, 48, 96)
+    keys = jax.random.split(jax.random.key(4), 5)
+    x, g = (jax.random.normal(k, (t, d), jnp.float32) for k in keys[:2])
+    w1, w2 = jax.random.normal(keys[2], (d, f)) * d ** -0.5, jax.random.normal(keys[3], (f, d)) * f ** -0.5
+    b1 = jax.random.normal(keys[4], (f,)) * 0.5
+
+    def xla(x, w1, b1, w2):
+        return jnp.dot(_gelu("erf", jnp.dot(x, w1.astype(x.dtype)) + b1.astype(x.dtype)), w2.astype(x.dtype))
+
+    def ours(x, w1, b1, w2):
+        return fused_feed_forward.gelu_feed_forward(x, w1, b1, w2, interpret=not on_gpu)
+
+    def run(fn, dtype):
+        out, vjp = jax.jit(lambda *a: jax.vjp(fn, *a))(x.astype(dtype), w1, b1, w2)
+        return [np.asarray(v, np.float32) for v in (out, *vjp(g.astype(dtype)))]
+
+    truth = run(xla, jnp.float32)
+    names = ("output", "dx", "dw1", "db1", "dw2")
+    errors = {form: {n: float(np.abs(a - r).max() / np.abs(r).max()) for n, a, r in zip(names, run(fn, jnp.bfloat16),
+                                                                                      truth)}
+              for form, fn in (("ours bf16", ours), ("xla bf16", xla))}
+    return {"shape": [t, d, f], "errors": errors, "within_bf16": all(
+        errors["ours bf16"][n] <= max(1.5 * errors["xla bf16"][n], 2.0 ** -8) for n in names)}
 
 
 def _layer_inputs(on_gpu: bool) -> tuple:
@@ -913,8 +953,9 @@ def _line(r: dict) -> str:
     if r["variant"] == CHECK.name:
         errors = ", ".join(f"{k} {v:.2e}" for k, v in r["max_error_relative_to_max"].items())
         ours = "ours vs written, same mask: " + ("agree" if r.get("ours_within_bf16") else "DISAGREE")
+        ffn = "; feed-forward kernels vs XLA: " + ("agree" if r["feed_forward"]["within_bf16"] else "DISAGREE")
         return (f"{r['variant']:<30} {r['compared']}: {errors} ({'agree' if r['agree_within_bf16'] else 'DISAGREE'}); "
-                f"{ours}")
+                f"{ours}{ffn}")
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "  n/a"
     memory = r.get("peak_memory_gib", r.get("compiled_temp_gib"))
     text = (f"{r['variant']:<30} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>10} {mfu:>6} {memory:>8.2f} "

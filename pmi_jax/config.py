@@ -47,6 +47,7 @@ DROPOUT_MASKS = ("auto", "bernoulli", "bits16", "hash")
 GELUS = ("erf", "tanh", "tanh-epilogue")
 FUSED_QKV = ("auto", "always", "never")
 RESIDUAL_NORMS = ("auto", "xla", "pallas", "pallas-triton", "pallas-interpret")
+FEED_FORWARDS = ("xla", "pallas", "pallas-triton", "pallas-interpret")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -144,6 +145,12 @@ class ModelConfig:
     # CPU programs; TPU programs take xla. "auto": pallas in bf16 GPU programs, xla elsewhere
     # (benchmarks/README.md, "Measured on a lent H200"). The parameters are the same either way.
     residual_norm: str = "auto"
+    # The feed-forward's GELU: "xla" (kernels of its own between the matmuls) or "pallas": in the
+    # first matmul's epilogue forward, and in the epilogue of the matmul that makes its gradient
+    # (`pmi_jax.fused_feed_forward`; 288 MiB less per BERT-base layer at batch 32 x 512), settled
+    # like residual_norm's; erf GELU only. Not yet timed on a GPU, so not a default
+    # (benchmarks/README.md, "The bytes under the target"). The parameters are the same either way.
+    feed_forward: str = "xla"
 
     def __post_init__(self):
         if isinstance(self.xla_cpu_variants, bool):  # a bool in configs saved before "cpu" existed
@@ -196,6 +203,12 @@ class ModelConfig:
                                  f"{', '.join(RESIDUAL_NORMS)}")
         if self.gelu not in GELUS:
             raise UserInputError(f"model.gelu={self.gelu!r}: expected one of {', '.join(GELUS)}")
+        if self.feed_forward not in FEED_FORWARDS:
+            raise UserInputError(f"model.feed_forward={self.feed_forward!r}: expected one of "
+                                 f"{', '.join(FEED_FORWARDS)}")
+        if self.feed_forward != "xla" and self.gelu != "erf":
+            raise UserInputError(f"model.feed_forward={self.feed_forward} computes the erf GELU: set model.gelu=erf "
+                                 f"(got {self.gelu!r}) or model.feed_forward=xla")
         if self.remat not in REMAT_POLICIES:
             raise UserInputError(f"model.remat={self.remat!r}: expected one of {', '.join(REMAT_POLICIES)}")
         if self.scan_unroll < 0:

@@ -242,8 +242,8 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
     """Matmul FLOPs of one instruction, from its shapes: dots (inside fusions too), cuBLAS GEMMs,
     cuDNN attention (forward: its two batched products; backward: five, the scores recomputed),
     our Triton attention (`pmi_jax.fused_attention`: forward two, dK/dV four, dQ three, over the
-    whole [L, L] as the formula counts). Elementwise work is not counted: it is small beside the
-    matmuls and bound by bytes."""
+    whole [L, L] as the formula counts), our feed-forward matmuls (`pmi_jax.fused_feed_forward`).
+    Elementwise work is not counted: it is small beside the matmuls and bound by bytes."""
     if inst.opcode == "dot":
         m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.attributes)
         lhs = module.shape_of(computation, inst.operands[0]) if inst.operands else ""
@@ -272,6 +272,9 @@ def instruction_flops(module: Module, computation: str, inst: Instruction) -> fl
         if len(q) in (4, 5):  # [B, L, H, K], or q, k and v stacked: [B, L, 3, H, K]
             batch, length, heads, head_dim = q[0], q[1], q[-2], q[-1]
             return {"forward": 2, "dkv": 4, "dq": 3}[ours.group(1)] * 2.0 * batch * heads * length ** 2 * head_dim
+    if inst.opcode == "custom-call" and OUR_MATMUL_KERNELS in inst.op_name and len(inst.operands) > 1:
+        a, b = (_dims(module.shape_of(computation, o)) for o in inst.operands[:2])  # [T, D] and [D, F] or [F, D]
+        return 2.0 * math.prod(a) * math.prod(b) / a[-1] if a and b else 0.0
     return sum(instruction_flops(module, called, i) for called in inst.calls
                for i in module.computations.get(called, ()))
 
@@ -290,6 +293,7 @@ def _attention_target(target: str) -> bool:
 
 OUR_ATTENTION_KERNELS = "attention_dropout_"  # in the names of pmi_jax.fused_attention's Triton calls
 OUR_ELEMENTWISE_KERNELS = "residual_layer_norm_"  # pmi_jax.fused_layer_norm's
+OUR_MATMUL_KERNELS = "gelu_feed_forward_"  # pmi_jax.fused_feed_forward's: matmuls with the GELU in their epilogues
 # The functions of the model's written-out attention, whose non-matmul kernels count as attention.
 WRITTEN_ATTENTION = {"SelfAttention.__call__", "written_attention", "_written_attention_fwd",
                      "_written_attention_bwd", "_probabilities", "_dropped"}
@@ -309,9 +313,10 @@ def _contains(module: Module, computation: str, wanted, seen: set) -> bool:
 def category(module: Module, inst: Instruction) -> str:
     """The kernel category of one instruction.
 
-    matmul: dots, fusions containing one, cuBLAS GEMMs; attention: cuDNN's fused attention, and
-    the non-matmul work of the written-out attention (softmax, dropout, the padding bias), found
-    from the instruction's Python stack or its module path (.../attention, not its projections);
+    matmul: dots, fusions containing one, cuBLAS GEMMs, our feed-forward kernels; attention:
+    cuDNN's fused attention, and the non-matmul work of the written-out attention (softmax,
+    dropout, the padding bias), found from the instruction's Python stack or its module path
+    (.../attention, not its projections);
     scatter: scatters and fusions containing one; optimizer: what optax's code emitted;
     elementwise: the remaining fusions (LayerNorm, GELU, dropout elsewhere, the loss) and the
     fused residual LayerNorm's kernels; other: copies, collectives, sorts and the rest; control:
@@ -325,6 +330,8 @@ def category(module: Module, inst: Instruction) -> str:
         return "attention"
     if OUR_ELEMENTWISE_KERNELS in inst.attributes:
         return "elementwise"
+    if OUR_MATMUL_KERNELS in inst.attributes:
+        return "matmul"
     if inst.opcode == "scatter" or (inst.opcode == "fusion" and any(
             _contains(module, c, lambda i: i.opcode == "scatter", set()) for c in inst.calls)):
         return "scatter"

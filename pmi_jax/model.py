@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
-from pmi_jax import fused_attention, fused_layer_norm, tpu_attention
+from pmi_jax import fused_attention, fused_feed_forward, fused_layer_norm, tpu_attention
 from pmi_jax.config import PALLAS_ATTENTION, ModelConfig
 from pmi_jax.errors import UserInputError
 
@@ -322,6 +322,7 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
     - `residual_norm="auto"`: the fused residual LayerNorm's Triton kernel in bf16 GPU programs
       (`pallas_norm_applies`), XLA's LayerNorm elsewhere.
     - `residual_norm="pallas"`: Triton on GPUs, the interpreter on CPUs; refused elsewhere.
+    - `feed_forward="pallas"`: the same.
     - `fused_qkv="auto"`: one query-key-value matmul on GPUs, whose bias add cuBLAS takes into
       the matmul (3.0 GiB and 180 kernel launches less in BERT-base's H100 step); three elsewhere.
     - `gelu="tanh"`: the same function written for cuBLAS on GPUs ("tanh-epilogue"), which
@@ -353,6 +354,11 @@ def for_platform(config: ModelConfig, platform: str) -> ModelConfig:
             raise UserInputError(f"model.residual_norm=pallas: the kernel is written for GPUs; a {platform} program "
                                  "takes model.residual_norm=xla")
         changes["residual_norm"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
+    if config.feed_forward == "pallas":
+        if platform not in ("gpu", "cuda", "cpu"):
+            raise UserInputError(f"model.feed_forward=pallas: the kernels are written for GPUs; a {platform} program "
+                                 "takes model.feed_forward=xla")
+        changes["feed_forward"] = "pallas-interpret" if platform == "cpu" else "pallas-triton"
     if config.embedding_grad == "auto":
         changes["embedding_grad"] = "sorted" if gpu else "scatter"
     if config.dropout_mask == "auto":
@@ -372,8 +378,9 @@ def for_evaluation(config: ModelConfig) -> ModelConfig:
     """`config` for evaluation, where nothing is dropped: the Pallas kernels' choices go back to
     "auto", which computes the same function there on every platform (XLA's paths on CPUs, where
     the interpreted kernels are slow, and on TPUs, which refuse the residual LayerNorm's; "auto"
-    may take the Triton kernels again on GPUs). The parameters are the same."""
-    changes = {}
+    may take the Triton kernels again on GPUs), the feed-forward's to "xla" (the same to bf16
+    rounding). The parameters are the same."""
+    changes = {"feed_forward": "xla"} if config.feed_forward != "xla" else {}
     if config.residual_norm not in ("xla", "auto"):
         changes["residual_norm"] = "auto"
     if config.attention in PALLAS_ATTENTION:
@@ -752,13 +759,16 @@ def _on_each_shard(kernel, args: tuple, axes: tuple, out_axes: tuple):
 
 
 class FeedForward(nn.Module):
-    """Dense D->F, GELU, dense F->D (with `residual_norm` "pallas": its product and bias, apart)."""
+    """Dense D->F, GELU, dense F->D (with `residual_norm` "pallas": its product and bias, apart; with
+    `feed_forward` "pallas": the GELU in the matmuls' kernels, `_fused`)."""
 
     config: ModelConfig
 
     @nn.compact
     def __call__(self, x_BxLxD):
         c = self.config
+        if _settled(c).feed_forward != "xla":
+            return self._fused(x_BxLxD)
         h_BxLxF = nn.Dense(c.intermediate_size, dtype=_dtype(c), param_dtype=jnp.float32,
                            kernel_init=_init(c, "embed", "mlp"), bias_init=_zeros("mlp"),
                            name="intermediate")(x_BxLxD)
@@ -767,6 +777,39 @@ class FeedForward(nn.Module):
             return _UnbiasedDense(c, name="output")(h_BxLxF)
         return nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                         kernel_init=_init(c, "mlp", "embed"), bias_init=_zeros("embed"), name="output")(h_BxLxF)
+
+    def _fused(self, x_BxLxD):
+        """`fused_feed_forward` on the two `nn.Dense`s' parameters (`_DenseParams`), whole on each
+        device: a model-parallel mesh gathers them (the kernels do not split the intermediate axis)."""
+        c = _settled(self.config)
+        d, f = c.hidden_size, c.intermediate_size
+        w1_DxF, b1_F = _DenseParams(c, ("embed", "mlp"), (d, f), name="intermediate")()
+        w2_FxD, b2_D = _DenseParams(c, ("mlp", "embed"), (f, d), name="output")()
+
+        def kernel(x_BxLxD, w1_DxF, b1_F, w2_FxD):
+            y_TxD = fused_feed_forward.gelu_feed_forward(x_BxLxD.reshape(-1, d), w1_DxF, b1_F, w2_FxD,
+                                                         interpret=c.feed_forward == "pallas-interpret")
+            return y_TxD.reshape(x_BxLxD.shape)
+
+        rows = ("batch", None, None)
+        y_BxLxD = _on_each_shard(kernel, (x_BxLxD.astype(_dtype(c)), w1_DxF, b1_F, w2_FxD),
+                                 (rows, (None, None), (None,), (None, None)), rows)
+        if _fused_residual_norm(c):
+            return y_BxLxD, b2_D
+        return y_BxLxD + b2_D.astype(_dtype(c))
+
+
+class _DenseParams(nn.Module):
+    """An `nn.Dense`'s parameters (same names, shapes and initialisers), for a kernel that applies them."""
+
+    config: ModelConfig
+    axes: tuple[str, str]
+    shape: tuple[int, int]
+
+    @nn.compact
+    def __call__(self):
+        kernel = self.param("kernel", _init(self.config, *self.axes), self.shape, jnp.float32)
+        return kernel, self.param("bias", _zeros(self.axes[1]), (self.shape[1],), jnp.float32)
 
 
 class _UnbiasedDense(nn.Module):

@@ -32,6 +32,9 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     assert check["stacked"]["dbias_error_relative_to_max"] < 2e-2, check["stacked"]  # bf16 sums
     assert len(check["stacked"]["forms"]) == 3, check["stacked"]  # cuDNN's on GPUs only
     assert all(t["ms_fwd_bwd"] > 0 for t in check["stacked"]["forms"].values()), check["stacked"]
+    # The feed-forward's kernels (interpreted) and XLA's path in bf16 against XLA's in float32.
+    assert check["feed_forward"]["within_bf16"] and set(check["feed_forward"]["errors"]["ours bf16"]) == {
+        "output", "dx", "dw1", "db1", "dw2"}, check["feed_forward"]
     record = results.pop(0)
     kernels = record["forms"]
     assert len(kernels) == 6 and all(f.get("ms_fwd_bwd", 0) > 0 for f in kernels.values()), kernels  # Pallas interpreted

@@ -69,6 +69,7 @@ def test_a_slice_behind_a_bitcast_counts_its_part():
 
 @pytest.mark.parametrize("kernel, expected", [("attention_dropout_forward", "attention"),
                                               ("residual_layer_norm_forward", "elementwise"),
+                                              ("gelu_feed_forward_up", "matmul"),
                                               ("something_else", "other")])
 def test_our_triton_kernels_are_categorised_by_their_names(kernel, expected):
     """The Pallas kernels' Triton calls carry only their pallas_call name (in the op_name)."""
@@ -107,6 +108,22 @@ ENTRY %main (l: s32[2], s: u32[2,3,2], q: bf16[2,128,3,16], k: bf16[2,128,3,16],
     (found,) = hlo.program_kernels(stacked)
     assert found.flops == products * 2 * 2 * 3 * 128 ** 2 * 16
     assert found.bytes == 2 * (2 * 128 * 9 * 16 + 2 * 128 * 48) + 8 + 48  # the stack read once, the result
+
+
+@pytest.mark.parametrize("kernel, weights", [("up", "bf16[768,3072]"), ("down", "bf16[3072,768]")])
+def test_our_feed_forward_kernels_count_their_matmul(kernel, weights):
+    """pmi_jax.fused_feed_forward's two Triton calls, (x or dy [T, D], W1 [D, F] or W2 [F, D], ...):
+    2 T D F FLOPs each, whichever way the weights lie."""
+    text = f"""HloModule ours
+
+ENTRY %main (x: bf16[4096,768], w: {weights}) -> bf16[4096,3072] {{
+  %x = bf16[4096,768]{{1,0}} parameter(0)
+  %w = {weights}{{1,0}} parameter(1)
+  ROOT %pallas_call.1 = bf16[4096,3072]{{1,0}} custom-call(%x, %w), custom_call_target="__gpu$xla.gpu.triton", metadata={{op_name="jit(step)/encoder/layer_0/feed_forward/gelu_feed_forward_{kernel}/pallas_call"}}
+}}
+"""
+    (found,) = hlo.program_kernels(text)
+    assert found.category == "matmul" and found.flops == 2 * 4096 * 768 * 3072
 
 
 @pytest.mark.parametrize("shape_json", [

@@ -376,7 +376,8 @@ def test_the_tanh_gelu_is_written_for_cublas_on_gpus_and_is_the_same_function():
     {"attention": "pallas", "attention_dropout_rate": 0.1},
     {"attention": "pallas", "attention_dropout_rate": 0.1, "fused_qkv": "always"},  # the stacked input
     {"residual_norm": "pallas"},
-], ids=["attention", "attention-stacked", "residual_norm"])
+    {"feed_forward": "pallas"},
+], ids=["attention", "attention-stacked", "residual_norm", "feed_forward"])
 def test_pallas_kernels_split_over_a_mesh_give_the_single_device_values_and_gradients(overrides):
     """Under a mesh the kernels run in a shard_map over the batch (and heads), with the dropout
     streams of the whole batch split alongside: the masks, the loss and every parameter's gradient
