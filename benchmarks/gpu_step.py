@@ -342,12 +342,11 @@ def attention_check(platform: str | None) -> dict:
 
 def _feed_forward_check(on_gpu: bool) -> dict:
     """`model.feed_forward=pallas`'s kernels (compiled on a GPU, interpreted elsewhere) and XLA's path
-    in bf16, each against XLA's path in float32 ([4096, 768] x [768, 3072] on a GPU): output and
-    gradients' largest error over the largest value, as tests/test_fused_feed_forward.py checks it
-    interpreted; `within_bf16` where ours is within 1.5 times XLA's bf16 error or 2^-8."""
+    in bf16, each against XLA's path in float32 ([4096, 768] x [768, 3072] on a GPU;
+    `_errors_against_float32`), as tests/test_fused_feed_forward.py checks it interpreted;
+    `within_bf16` where ours is within 1.5 times XLA's bf16 error or 2^-8."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from pmi_jax import fused_feed_forward
     from pmi_jax.model import _gelu
@@ -364,16 +363,10 @@ def _feed_forward_check(on_gpu: bool) -> dict:
     def ours(x, w1, b1, w2):
         return fused_feed_forward.gelu_feed_forward(x, w1, b1, w2, interpret=not on_gpu)
 
-    def run(fn, dtype):
-        out, vjp = jax.jit(lambda *a: jax.vjp(fn, *a))(x.astype(dtype), w1, b1, w2)
-        return [np.asarray(v, np.float32) for v in (out, *vjp(g.astype(dtype)))]
-
-    truth = run(xla, jnp.float32)
     names = ("output", "dx", "dw1", "db1", "dw2")
-    errors = {form: {n: float(np.abs(a - r).max() / np.abs(r).max()) for n, a, r in zip(names, run(fn, jnp.bfloat16),
-                                                                                      truth)}
-              for form, fn in (("ours bf16", ours), ("xla bf16", xla))}
-    return {"shape": [t, d, f], "errors": errors, "within_bf16": all(
+    errors = _errors_against_float32(xla, {"ours bf16": ours, "xla bf16": xla}, (x.astype(jnp.bfloat16), w1, b1, w2),
+                                     g.astype(jnp.bfloat16), names)
+    return {"shape": [t, d, f], "errors": errors, "within_bf16": "error" not in errors and all(
         errors["ours bf16"][n] <= max(1.5 * errors["xla bf16"][n], 2.0 ** -8) for n in names)}
 
 

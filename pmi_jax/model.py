@@ -773,8 +773,10 @@ class FeedForward(nn.Module):
                            kernel_init=_init(c, "embed", "mlp"), bias_init=_zeros("mlp"),
                            name="intermediate")(x_BxLxD)
         h_BxLxF = nn.with_logical_constraint(_gelu(_settled(c).gelu, h_BxLxF), ("batch", "length", "mlp"))
-        if _fused_residual_norm(c):
-            return _UnbiasedDense(c, name="output")(h_BxLxF)
+        if _fused_residual_norm(c):  # the fused residual LayerNorm adds the bias itself
+            shape_FxD = (c.intermediate_size, c.hidden_size)
+            kernel_FxD, bias_D = _DenseParams(c, ("mlp", "embed"), shape_FxD, name="output")()
+            return h_BxLxF @ kernel_FxD.astype(_dtype(c)), bias_D
         return nn.Dense(c.hidden_size, dtype=_dtype(c), param_dtype=jnp.float32,
                         kernel_init=_init(c, "mlp", "embed"), bias_init=_zeros("embed"), name="output")(h_BxLxF)
 
@@ -800,7 +802,9 @@ class FeedForward(nn.Module):
 
 
 class _DenseParams(nn.Module):
-    """An `nn.Dense`'s parameters (same names, shapes and initialisers), for a kernel that applies them."""
+    """An `nn.Dense`'s parameters (same names, shapes and initialisers), for code that applies them
+    itself: the fused feed-forward's kernels, the output projection whose bias the fused residual
+    LayerNorm adds."""
 
     config: ModelConfig
     axes: tuple[str, str]
@@ -810,20 +814,6 @@ class _DenseParams(nn.Module):
     def __call__(self):
         kernel = self.param("kernel", _init(self.config, *self.axes), self.shape, jnp.float32)
         return kernel, self.param("bias", _zeros(self.axes[1]), (self.shape[1],), jnp.float32)
-
-
-class _UnbiasedDense(nn.Module):
-    """The feed-forward output's `nn.Dense` parameters (same names, shapes and initialisers), returning
-    (x @ kernel, bias): the fused residual LayerNorm adds the bias itself."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self, h_BxLxF):
-        c = self.config
-        kernel_FxD = self.param("kernel", _init(c, "mlp", "embed"), (h_BxLxF.shape[-1], c.hidden_size), jnp.float32)
-        bias_D = self.param("bias", _zeros("embed"), (c.hidden_size,), jnp.float32)
-        return h_BxLxF @ kernel_FxD.astype(_dtype(c)), bias_D
 
 
 class _ResidualNorm(nn.Module):
