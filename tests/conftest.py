@@ -11,6 +11,28 @@ import itertools
 import pytest
 
 
+@pytest.fixture(scope="module")
+def xla_compilation_cache(tmp_path_factory):
+    """A persistent XLA cache for a module's runs and their subprocesses, shared by the modules
+    that use it (`pytestmark`): their runs compile the same small programs again and again, and
+    compiling takes far longer than running. Reset after each module, so that no other sees it."""
+    import jax
+    from jax._src import compilation_cache as cache
+
+    path = str(tmp_path_factory.getbasetemp() / "xla_cache")
+    previous = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    cache.reset_cache()
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # for the subprocesses
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    yield
+    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+    jax.config.update("jax_compilation_cache_dir", previous[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
+    cache.reset_cache()
+
+
 @pytest.fixture(scope="session")
 def demo_prepared_corpus(tmp_path_factory):
     """Real English, through the real pipeline: the first 1,500 documents of the demo corpus

@@ -9,6 +9,8 @@ from pmi_jax import fused_attention
 from tests import attention_reference as reference
 from tests import resume_check
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 B, L, H, K = 3, 128, 2, 16
 LENGTHS = (1, 37, 128)  # odd padding: one valid key, a partial last block, none
 BLOCKS = (32, 32)

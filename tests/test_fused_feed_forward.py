@@ -16,6 +16,8 @@ from pmi_jax.model import BertForMaskedLM, _gelu, for_evaluation, for_platform
 from tests import attention_reference as reference
 from tests import resume_check
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 
 def test_erfc_is_accurate_relative_to_its_own_size():
     """Float32 erfc within 2e-6 of float64's (relative) up to z = 4 and 1.5e-5 up to 9, where the

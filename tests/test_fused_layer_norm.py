@@ -16,6 +16,8 @@ from pmi_jax.model import BertForMaskedLM, for_platform
 from tests import attention_reference as reference
 from tests import resume_check
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 B, D, EPS = 2, 96, 1e-12  # D not a power of two: the kernel's masked columns
 NAMES = ("y", "da", "dbias", "dx", "dscale", "doffset")
 

@@ -21,6 +21,8 @@ from pmi_jax.formats import hf_checkpoint, prepared_corpus
 from pmi_jax.model import BertForMaskedLM
 from tests import prepared_data
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 transformers = pytest.importorskip("transformers")  # the bench extra pins it
 
 SIZE = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",

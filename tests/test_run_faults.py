@@ -20,6 +20,8 @@ from tests import prepared_data
 from tests.damage import one_line_error as _one_line_error
 from tests.damage import tmpfs as _tmpfs
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=1",
          "model.max_position_embeddings=32", "train.batch_size=8", "train.log_every_steps=1",
          "checkpoint.every_steps=1", "optimizer.warmup_steps=1"]

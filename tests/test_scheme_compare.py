@@ -15,6 +15,8 @@ import pytest
 from pmi_jax.model import BertForMaskedLM
 from tests import eval_data, no_tensorflow, prepared_data
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "scheme_compare.py")
 SCHEMES = ["random_token", "random_span", "naive_pmi", "pmi"]

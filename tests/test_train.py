@@ -30,24 +30,7 @@ SMALL = ["model.vocab_size=128", "model.hidden_size=32", "model.num_heads=2", "m
          "optimizer.warmup_steps=2", "optimizer.peak_learning_rate=3e-3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """One persistent XLA cache for this module's runs and subprocesses: most of them compile
-    the same reference program, and compiling it takes far longer than running it."""
-    from jax._src import compilation_cache as cache
-
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    previous = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    cache.reset_cache()
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # for the subprocesses
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
-    jax.config.update("jax_compilation_cache_dir", previous[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
-    cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
 
 
 def _config(*overrides):

@@ -13,6 +13,8 @@ import pytest
 from pmi_jax.cli import main
 from tests import prepared_data
 
+pytestmark = pytest.mark.usefixtures("xla_compilation_cache")
+
 TRAIN = ["model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64", "model.num_layers=2",
          "model.max_position_embeddings=32", "model.vocab_size=0", "data.seq_len=0", "train.batch_size=16",
          "train.num_steps=120", "train.log_every_steps=40", "optimizer.warmup_steps=10",
