@@ -1,4 +1,4 @@
-"""Shared test setup: 8 virtual CPU devices for mesh tests, quiet TensorFlow."""
+"""Shared test setup: 8 virtual CPU devices for mesh tests, quiet TensorFlow, a persistent XLA cache on request."""
 import os
 
 # Must precede any jax import: lets sharding tests build (data=4, model=2) meshes on one CPU.
