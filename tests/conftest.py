@@ -24,10 +24,10 @@ def xla_compilation_cache(tmp_path_factory):
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     cache.reset_cache()
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path  # for the subprocesses
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+    with pytest.MonkeyPatch.context() as env:  # for the subprocesses; restores what was set before
+        env.setenv("JAX_COMPILATION_CACHE_DIR", path)
+        env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        yield
     jax.config.update("jax_compilation_cache_dir", previous[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
     cache.reset_cache()
