@@ -24,8 +24,9 @@ on the stacked Q/K/V against the same on three inputs, bytes and times (`attenti
 micro-benchmarks time one layer's attention, forward and backward, in each
 implementation at hand (`attention_kernels`), one residual LayerNorm, XLA's against ours
 (`layer_norm_kernels`), the feed-forward GELU in three formulas (`gelu_kernels`), what one
-more small kernel costs a program run as the trainer runs steps (`launch_cost`), and our
-attention kernel's blocks and Triton launch parameters (`attention_tuning`). Variants
+more small kernel costs a program run as the trainer runs steps (`launch_cost`), our attention
+kernel's blocks and Triton launch parameters (`attention_tuning`), and the feed-forward kernels'
+beside XLA's path (`feed_forward_tuning`). Variants
 run in priority order while `--budget-s` lasts (default 540 s: the command fits 9 minutes of a
 10-minute machine call); a variant is started only with its `min_s` left, those left out are
 recorded as skipped. Results go to OUTPUT/gpu_step.json, rewritten after every variant.
@@ -88,6 +89,7 @@ NORMS = Variant("layer-norm-kernels", min_s=25)  # one residual LayerNorm, forwa
 GELUS = Variant("gelu-kernels", min_s=40)  # the feed-forward GELU alone (erf, erfc, tanh) and after its matmul
 LAUNCHES = Variant("launch-cost", min_s=20)  # what one more small kernel adds to a program, as steps run
 TUNING = Variant("attention-tuning", min_s=90)  # our attention kernel's blocks and Triton launch parameters
+FFN_TUNING = Variant("feed-forward-tuning", min_s=90)  # the feed-forward kernels' blocks and launch, beside XLA's
 NO_GRAPHS = ("--xla_gpu_enable_command_buffer=",)  # XLA's command buffers (CUDA graphs) off
 
 # Priority order: what is cut when the budget runs out comes last. Sequence 128 (BERT's first
@@ -98,6 +100,7 @@ GPU_PLAN = (
     dataclasses.replace(LAUNCHES, name="launch-cost-no-graphs", xla_flags=NO_GRAPHS),
     GELUS,
     TUNING,
+    FFN_TUNING,
     Variant("base-512-attn0-cudnn", overrides=NO_ATTN_DROPOUT, profile=True),
     # Our kernel without dropout, reading the fused Q/K/V output in place, where cuDNN takes slices.
     Variant("base-512-attn0-pallas", overrides=NO_ATTN_DROPOUT + ("model.attention=pallas",)),
@@ -159,6 +162,7 @@ CPU_PLAN = (
     GELUS,
     LAUNCHES,
     TUNING,
+    FFN_TUNING,
     Variant("tiny-64-paper", size="tiny", seq_len=64, batch_per_device=4, overrides=_TINY, profile=True),
     Variant("tiny-32-attn0-sorted-tanh", size="tiny", seq_len=32, batch_per_device=4,
             overrides=_TINY + NO_ATTN_DROPOUT + ("model.embedding_grad=sorted", "model.gelu=tanh",
@@ -545,9 +549,66 @@ def attention_tuning(platform: str | None, repeats: int = 20) -> dict:
             "shape": [b, qkv[0].shape[1], 3, h, k], "forms": timed}
 
 
-def _time_forms(forms: dict, inputs: tuple, g, repeats: int, backward: bool = True) -> dict:
+# (blocks (M, N, K), (warps, stages)) of the feed-forward kernels that ptxas assembles for the H100
+# without spilling registers (deviceless, benchmarks/README.md "The feed-forward kernels' configurations").
+FFN_TUNING_CONFIGS = tuple(((128, 128, 64), (8, stages)) for stages in (2, 3, 4)) + tuple(
+    (blocks, (warps, 3)) for blocks in ((64, 128, 64), (128, 64, 64), (64, 64, 64)) for warps in (4, 8))
+
+
+def feed_forward_tuning(platform: str | None, repeats: int = 20) -> dict:
+    """`model.feed_forward=pallas`'s two kernels on one BERT-base layer ([16384, 768] x [768, 3072]
+    x [3072, 768] bf16 on a GPU), forward and backward with XLA's weight gradients, per (blocks,
+    launch) of `FFN_TUNING_CONFIGS`, beside XLA's path on the same inputs: the configuration for
+    `fused_feed_forward.DEFAULT_BLOCKS` and `DEFAULT_LAUNCH`, and whether the best of ours beats
+    cuBLAS with XLA's GELU kernels at all. On CPU (the dry run) two configurations, interpreted."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import fused_feed_forward
+    from pmi_jax.model import _gelu
+
+    device = (jax.devices(platform) if platform else jax.devices())[0]
+    on_gpu = device.platform == "gpu"
+    t, d, f = (16384, 768, 3072) if on_gpu else (64, 48, 96)
+    keys = jax.random.split(jax.random.key(5), 5)
+    x, g = (jax.random.normal(k, (t, d), jnp.float32).astype(jnp.bfloat16) for k in keys[:2])
+    w1 = (jax.random.normal(keys[2], (d, f)) * d ** -0.5).astype(jnp.bfloat16)
+    w2 = (jax.random.normal(keys[3], (f, d)) * f ** -0.5).astype(jnp.bfloat16)
+    b1 = (jax.random.normal(keys[4], (f,)) * 0.5).astype(jnp.bfloat16)
+    configs = FFN_TUNING_CONFIGS if on_gpu else ((fused_feed_forward.DEFAULT_BLOCKS, fused_feed_forward.DEFAULT_LAUNCH),
+                                                 ((16, 32, 16), (4, 1)))
+    forms = {"xla (cuBLAS, GELU kernels)": lambda x, w1, b1, w2: jnp.dot(_gelu("erf", jnp.dot(x, w1) + b1), w2)}
+    forms.update({f"blocks {'x'.join(map(str, blocks))}, warps {launch[0]}, stages {launch[1]}":
+                  (lambda x, w1, b1, w2, blocks=blocks, launch=launch: fused_feed_forward.gelu_feed_forward(
+                      x, w1, b1, w2, blocks=blocks, launch=launch, interpret=not on_gpu))
+                  for blocks, launch in configs})
+    inputs, repeats, results = (x, w1, b1, w2), repeats if on_gpu else 1, {}
+    timed = _time_forms(forms, inputs, g, repeats, results_out=results)
+    for name, record in _time_forms(forms, inputs, g, repeats, backward=False).items():
+        if "ms_fwd" in record and name in timed:
+            timed[name]["ms_fwd"] = record["ms_fwd"]
+    reference = results.get(next(iter(forms)))
+    for name, result in results.items():  # a configuration that computes something else is not a candidate
+        if reference is not None and name != next(iter(forms)):
+            timed[name]["vs_xla"] = _largest_differences(result, reference, ("loss", "dx", "dw1", "db1", "dw2"))
+    return {"variant": FFN_TUNING.name, "what": "one feed-forward block, forward + backward, per configuration",
+            "shape": [t, d, f], "forms": timed}
+
+
+def _largest_differences(result, reference, names: tuple) -> dict:
+    """max |a - b| / max |b| per named leaf of two equal pytrees (value_and_grad's (value, grads))."""
+    import jax
+    import numpy as np
+
+    return {n: float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max()
+                     / max(float(np.abs(np.asarray(b, np.float32)).max()), 1e-30))
+            for n, a, b in zip(names, jax.tree.leaves(result), jax.tree.leaves(reference))}
+
+
+def _time_forms(forms: dict, inputs: tuple, g, repeats: int, backward: bool = True, results_out=None) -> dict:
     """Median and least ms of value_and_grad of sum(fn(*inputs) * g) in all inputs, per form
-    ("ms_fwd_bwd"); with `backward` False, of fn(*inputs) alone ("ms_fwd")."""
+    ("ms_fwd_bwd"); with `backward` False, of fn(*inputs) alone ("ms_fwd"). `results_out`, a dict,
+    receives each form's last result."""
     import jax
     import jax.numpy as jnp
 
@@ -560,8 +621,10 @@ def _time_forms(forms: dict, inputs: tuple, g, repeats: int, backward: bool = Tr
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
-                jax.block_until_ready(step(*inputs))
+                result = jax.block_until_ready(step(*inputs))
                 times.append(time.perf_counter() - t)
+            if results_out is not None:
+                results_out[name] = result
             results[name] = {"ms_fwd_bwd" if backward else "ms_fwd": round(1e3 * statistics.median(times), 3),
                              "ms_min": round(1e3 * min(times), 3)}
         except Exception as e:  # noqa: BLE001 - one form that does not lower must not cost the others
@@ -935,9 +998,10 @@ def _line(r: dict) -> str:
             f"{'':<32}{name:<52} {_form_time(f, 8)}" for name, f in r["forms"].items()] + [
             f"{'':<32}against float32, same mask (max error / max): " + _errors_text(r["ours_vs_reference_same_mask"])]
             + _matmul_lines(r.get("with_matmul")))
-    if r["variant"] == TUNING.name:
+    if r["variant"] in (TUNING.name, FFN_TUNING.name):
         return "\n".join([f"{r['variant']:<30} {r['what']}, {r['shape']}"] + [
             f"{'':<32}{name:<44} {_form_time(f, 8)}" + (f", forward {f['ms_fwd']:.3f} ms" if "ms_fwd" in f else "")
+            + (f", from XLA's by {max(f['vs_xla'].values()):.1e} at most" if "vs_xla" in f else "")
             for name, f in r["forms"].items()])
     if r["variant"].startswith(LAUNCHES.name):
         kernels = " and ".join(str(p["kernels"]) for p in r["points"])
@@ -985,6 +1049,8 @@ def main(argv=None) -> None:
             print(json.dumps(gelu_kernels(args.platform or None)))
         elif variant.name == TUNING.name:
             print(json.dumps(attention_tuning(args.platform or None)))
+        elif variant.name == FFN_TUNING.name:
+            print(json.dumps(feed_forward_tuning(args.platform or None)))
         elif variant.name.startswith(LAUNCHES.name):
             print(json.dumps(launch_cost(args.platform or None, variant.name)))
         else:

@@ -13,10 +13,13 @@ loop's block of 64 x 64, 32 entries a thread; a LayerNorm row): these loops issu
 instructions than their matmuls or bytes take, so this count judges their changes before a GPU
 times them. `--sass` also assembles that PTX for sm_90a with NVIDIA's ptxas and counts the machine
 instructions (nvdisasm) the SM issues, with each kernel's registers: ptxas adds and removes
-instructions (exp2 without flushing takes four). Run on a CPU-only machine as
+instructions (exp2 without flushing takes four). `--feed-forward` instead compiles
+`pmi_jax.fused_feed_forward`'s two kernels on one BERT-base layer per block size and 4 or 8 warps
+and reports each kernel's registers and spilled bytes (pallas_feed_forward_compile.json): what
+`gpu_step.py`'s `feed-forward-tuning` times. Run on a CPU-only machine as
 
     JAX_PLATFORMS=cpu PYTHONPATH=$PWD:.venv/cuda12 python benchmarks/pallas_attention_compile.py \\
-        --gpu h100 --output DIR [--ptx | --sass]
+        --gpu h100 --output DIR [--ptx | --sass | --feed-forward]
 
 ptxas and nvdisasm come from a folder on PYTHONPATH holding NVIDIA's CUDA 13 wheels, else from
 PATH (XLA writes PTX for the newest ptxas it finds, which an older one refuses): python3 -m pip
@@ -117,6 +120,54 @@ def compile_layer_norm(gpu: str) -> dict:
     return record
 
 
+# Blocks (M, N, K) and warps for `--feed-forward`: around the default (128 x 128 x 64, 8 warps), 3 stages.
+FEED_FORWARD_BLOCKS = ((128, 128, 64), (128, 256, 64), (256, 128, 64), (128, 128, 32), (64, 128, 64),
+                       (128, 64, 64), (64, 64, 64))
+
+
+def compile_feed_forward(gpu: str, blocks: tuple, launch: tuple) -> dict:
+    """`fused_feed_forward.gelu_feed_forward` on one BERT-base layer ([16384, 768] x [768, 3072] x
+    [3072, 768] bf16), forward and backward, with these blocks and (warps, stages), for one GPU of `gpu`."""
+    import jax
+    import jax.numpy as jnp
+
+    from pmi_jax import fused_feed_forward
+
+    t, d, f = 16384, 768, 3072
+
+    def step(x, w1, b1, w2, g):
+        def loss(*args):
+            y = fused_feed_forward.gelu_feed_forward(*args, blocks=blocks, launch=launch)
+            return jnp.sum((y * g).astype(jnp.float32))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(x, w1, b1, w2)
+
+    rows = ((t, d), jnp.bfloat16)
+    compiled, seconds, device = _compile_replicated(gpu, step, rows, ((d, f), jnp.float32), ((f,), jnp.float32),
+                                                    ((f, d), jnp.float32), rows)
+    return {"feed_forward": [t, d, f], "blocks": list(blocks), "launch": list(launch), "device": device,
+            "compile_s": round(seconds, 1), "triton_calls": compiled.as_text().count('"__gpu$xla.gpu.triton"'),
+            "jax": jax.__version__}
+
+
+def feed_forward_configurations(gpu: str, output: str) -> list[dict]:
+    """Each of `FEED_FORWARD_BLOCKS` by 4 and 8 warps compiled in a process of its own (XLA reads its
+    dump flags once), its two kernels assembled by ptxas: registers and spilled bytes per kernel."""
+    records = []
+    for blocks in FEED_FORWARD_BLOCKS:
+        for warps in (4, 8):
+            config = json.dumps([blocks, [warps, 3]])
+            directory = os.path.join(output, "feed_forward", "x".join(map(str, blocks)) + f"-w{warps}")
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", gpu, "--output", directory,
+                                   "--feed-forward-one", config], capture_output=True, text=True)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            record = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                "blocks": list(blocks), "launch": [warps, 3], "error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+            records.append(record)
+            kernels = {k: (v["registers"], v["spill_store_bytes"]) for k, v in record.get("kernels", {}).items()}
+            print("feed-forward", record["blocks"], record["launch"], record.get("error") or kernels, flush=True)
+    return records
+
+
 def compile_step(gpu: str, attention: str) -> dict:
     """The trainer's BERT-base step for one GPU (`pmi_jax.compile_only.compile_train_step`, the
     program `train --compile-only --topology GPU` reports), with each `model.attention`."""
@@ -181,7 +232,7 @@ def _our_kernels(directory: str) -> dict:
     for path in sorted(glob.glob(os.path.join(directory, "*.ptx"))):
         with open(path, encoding="utf-8") as f:
             entry = re.search(r"\.entry (\w+)", f.read())
-        if entry and entry.group(1).startswith(("attention", "residual_layer_norm")):
+        if entry and entry.group(1).startswith(("attention", "residual_layer_norm", "gelu_feed_forward")):
             kernels[entry.group(1)] = path
     return kernels
 
@@ -257,7 +308,23 @@ def main(argv=None) -> None:
                         "with each kernel's registers (needs ptxas and nvdisasm: module docstring)")
     parser.add_argument("--ptx", action="store_true", help="count each kernel loop's PTX instructions (BERT-base's "
                         "attention and one fused LayerNorm, dropout 0.1)")
+    parser.add_argument("--feed-forward", action="store_true", help="instead: the feed-forward kernels' registers "
+                        "and spills per block size and warps (needs ptxas: module docstring)")
+    parser.add_argument("--feed-forward-one", default=None, help=argparse.SUPPRESS)  # a child: [blocks, launch]
     args = parser.parse_args(argv)
+    if args.feed_forward_one:
+        blocks, launch = json.loads(args.feed_forward_one)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={args.output}"
+                                   " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
+        record = compile_feed_forward(args.gpu, tuple(blocks), tuple(launch))
+        print(json.dumps(record | {"kernels": sass_loops(args.output, _cuda_tool("ptxas"), _cuda_tool("nvdisasm"))}))
+        return
+    if args.feed_forward:
+        _cuda_tool("ptxas"), _cuda_tool("nvdisasm")  # before minutes of compiling
+        os.makedirs(args.output, exist_ok=True)
+        _write_json(os.path.join(args.output, "pallas_feed_forward_compile.json"),
+                    {"results": feed_forward_configurations(args.gpu, args.output)})
+        return
     args.ptx = args.ptx or args.sass
     tools = (_cuda_tool("ptxas"), _cuda_tool("nvdisasm")) if args.sass else None  # before minutes of compiling
     os.makedirs(args.output, exist_ok=True)
@@ -277,9 +344,12 @@ def main(argv=None) -> None:
         for name, kernel in result["sass_loops"].items():
             loops = [{k: v for k, v in loop.items() if k != "top"} for loop in kernel["loops"]]
             print(name, "SASS", json.dumps({k: v for k, v in kernel.items() if k != "loops"} | {"loops": loops}))
-    path = os.path.join(args.output, "pallas_attention_compile.json")
+    _write_json(os.path.join(args.output, "pallas_attention_compile.json"), result)
+
+
+def _write_json(path: str, payload: dict) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+        json.dump(payload, f, indent=1)
     os.replace(path + ".tmp", path)
 
 

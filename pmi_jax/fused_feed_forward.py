@@ -22,7 +22,7 @@ from jax.experimental.pallas import triton as plgpu
 
 __all__ = ["gelu_feed_forward", "gelu", "gelu_slope", "normal_cdf", "DEFAULT_BLOCKS", "DEFAULT_LAUNCH"]
 
-DEFAULT_BLOCKS = (128, 128, 64)  # the largest (M, N, K); on GPUs to be tuned (benchmarks/gpu_step.py)
+DEFAULT_BLOCKS = (128, 128, 64)  # the largest (M, N, K); to be tuned on a GPU (gpu_step.py feed-forward-tuning)
 DEFAULT_LAUNCH = (8, 3)  # (warps, pipeline stages)
 
 # log(erfc(z) e^(z^2) / t) as a polynomial in t = 1 / (1 + z / 2): a least-squares fit of degree 7

@@ -21,7 +21,7 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     results = json.load(open(tmp_path / "out" / "gpu_step.json"))["results"]
     assert [r["variant"] for r in results] == [
         "attention-check", "attention-kernels", "layer-norm-kernels", "gelu-kernels", "launch-cost",
-        "attention-tuning", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
+        "attention-tuning", "feed-forward-tuning", "tiny-64-paper", "tiny-32-attn0-sorted-tanh"], proc.stdout
     check = results.pop(0)
     assert check["compared"] == "xla lengths vs xla mask" and check["agree_within_bf16"], check
     assert max(check["max_error_relative_to_max"].values()) == 0.0  # the two XLA forms compute the same
@@ -73,6 +73,13 @@ def test_cpu_dry_run_times_every_variant_profiles_and_needs_no_tensorflow(tmp_pa
     record = results.pop(0)
     assert len(record["forms"]) == 2 and all(f["ms_fwd_bwd"] > 0 and f["ms_fwd"] > 0
                                              for f in record["forms"].values()), record
+    # The feed-forward kernels per configuration (interpreted: two) beside XLA's path, each within
+    # the two bf16 paths' differences of XLA's (tests/test_fused_feed_forward.py: about 1e-2 at most).
+    record = results.pop(0)
+    xla, *ours = record["forms"].values()
+    assert len(ours) == 2 and all(f["ms_fwd_bwd"] > 0 and f["ms_fwd"] > 0 for f in [xla, *ours]), record
+    assert "vs_xla" not in xla and all(set(f["vs_xla"]) == {"loss", "dx", "dw1", "db1", "dw2"} for f in ours), record
+    assert all(0 < e <= 2e-2 for f in ours for e in f["vs_xla"].values()), record
     for r in results:
         assert set(r["phases_s"]) >= {"init", "warm_up"}, r
         assert "error" not in r, r
@@ -106,7 +113,7 @@ def test_a_spent_budget_skips_the_rest_and_still_writes_the_json(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.load(open(tmp_path / "gpu_step.json"))["results"]
-    assert [r.get("skipped") for r in results] == ["budget spent"] * 8  # the CPU plan, none run
+    assert [r.get("skipped") for r in results] == ["budget spent"] * 9  # the CPU plan, none run
 
 
 def test_kernels_run_as_cuda_graphs_are_attributed_by_their_kernel_names():
