@@ -539,12 +539,7 @@ def attention_tuning(platform: str | None, repeats: int = 20) -> dict:
              (lambda x, bias, blocks=blocks, launch=launch: fused_attention.attention_stacked(
                  x, lengths_B, streams, bias, rate=0.1, blocks=blocks, launch=(launch, launch), interpret=not on_gpu))
              for blocks, launch in configs}
-    inputs, repeats = (qkv_BxLx3xHxK, bias_3xHxK), repeats if on_gpu else 1
-    timed = _time_forms(forms, inputs, g, repeats)
-    forward = _time_forms(forms, inputs, g, repeats, backward=False)
-    for name, record in timed.items():
-        if "ms_fwd" in forward[name]:
-            record["ms_fwd"] = forward[name]["ms_fwd"]
+    timed = _time_with_forward(forms, (qkv_BxLx3xHxK, bias_3xHxK), g, repeats if on_gpu else 1)
     return {"variant": TUNING.name, "what": "our attention kernel, stacked input, dropout 0.1, per configuration",
             "shape": [b, qkv[0].shape[1], 3, h, k], "forms": timed}
 
@@ -582,15 +577,12 @@ def feed_forward_tuning(platform: str | None, repeats: int = 20) -> dict:
                   (lambda x, w1, b1, w2, blocks=blocks, launch=launch: fused_feed_forward.gelu_feed_forward(
                       x, w1, b1, w2, blocks=blocks, launch=launch, interpret=not on_gpu))
                   for blocks, launch in configs})
-    inputs, repeats, results = (x, w1, b1, w2), repeats if on_gpu else 1, {}
-    timed = _time_forms(forms, inputs, g, repeats, results_out=results)
-    for name, record in _time_forms(forms, inputs, g, repeats, backward=False).items():
-        if "ms_fwd" in record and name in timed:
-            timed[name]["ms_fwd"] = record["ms_fwd"]
-    reference = results.get(next(iter(forms)))
+    results = {}
+    timed = _time_with_forward(forms, (x, w1, b1, w2), g, repeats if on_gpu else 1, results_out=results)
+    xla_name = next(iter(forms))
     for name, result in results.items():  # a configuration that computes something else is not a candidate
-        if reference is not None and name != next(iter(forms)):
-            timed[name]["vs_xla"] = _largest_differences(result, reference, ("loss", "dx", "dw1", "db1", "dw2"))
+        if xla_name in results and name != xla_name:
+            timed[name]["vs_xla"] = _largest_differences(result, results[xla_name], ("loss", "dx", "dw1", "db1", "dw2"))
     return {"variant": FFN_TUNING.name, "what": "one feed-forward block, forward + backward, per configuration",
             "shape": [t, d, f], "forms": timed}
 
@@ -600,9 +592,17 @@ def _largest_differences(result, reference, names: tuple) -> dict:
     import jax
     import numpy as np
 
-    return {n: float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max()
-                     / max(float(np.abs(np.asarray(b, np.float32)).max()), 1e-30))
-            for n, a, b in zip(names, jax.tree.leaves(result), jax.tree.leaves(reference))}
+    return {n: float(np.abs(a - b).max() / np.abs(b).max()) for n, a, b in zip(
+        names, *([np.asarray(x, np.float32) for x in jax.tree.leaves(tree)] for tree in (result, reference)))}
+
+
+def _time_with_forward(forms: dict, inputs: tuple, g, repeats: int, results_out=None) -> dict:
+    """`_time_forms` forward + backward, each form's record with its forward alone added ("ms_fwd")."""
+    timed = _time_forms(forms, inputs, g, repeats, results_out=results_out)
+    for name, record in _time_forms(forms, inputs, g, repeats, backward=False).items():
+        if "ms_fwd" in record and name in timed:
+            timed[name]["ms_fwd"] = record["ms_fwd"]
+    return timed
 
 
 def _time_forms(forms: dict, inputs: tuple, g, repeats: int, backward: bool = True, results_out=None) -> dict:
@@ -645,8 +645,7 @@ def _errors_against_float32(reference, candidates: dict, inputs: tuple, g, names
 
     try:
         exact = values(jax.jit(reference), *(x.astype(jnp.float32) for x in inputs))
-        return {label: {n: float(np.abs(a - e).max() / np.abs(e).max())
-                        for n, a, e in zip(names, values(jax.jit(fn), *inputs), exact)}
+        return {label: _largest_differences(values(jax.jit(fn), *inputs), exact, names)
                 for label, fn in candidates.items()}
     except Exception as e:  # noqa: BLE001 - the timings stand without it
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}

@@ -314,8 +314,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.feed_forward_one:
         blocks, launch = json.loads(args.feed_forward_one)
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={args.output}"
-                                   " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
+        _dump_kernels_to(args.output)
         record = compile_feed_forward(args.gpu, tuple(blocks), tuple(launch))
         print(json.dumps(record | {"kernels": sass_loops(args.output, _cuda_tool("ptxas"), _cuda_tool("nvdisasm"))}))
         return
@@ -330,8 +329,7 @@ def main(argv=None) -> None:
     os.makedirs(args.output, exist_ok=True)
     ptx_dir = os.path.join(args.output, "ptx")
     if args.ptx:  # before JAX starts its backend: XLA reads its flags once
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={ptx_dir}"
-                                   " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
+        _dump_kernels_to(ptx_dir)
     records = compile_forms(args.gpu, only_first=args.ptx) + ([compile_layer_norm(args.gpu)] if args.ptx else [])
     records += [compile_step(args.gpu, a) for a in args.step_attention]
     result = {"results": records}
@@ -345,6 +343,12 @@ def main(argv=None) -> None:
             loops = [{k: v for k, v in loop.items() if k != "top"} for loop in kernel["loops"]]
             print(name, "SASS", json.dumps({k: v for k, v in kernel.items() if k != "loops"} | {"loops": loops}))
     _write_json(os.path.join(args.output, "pallas_attention_compile.json"), result)
+
+
+def _dump_kernels_to(directory: str) -> None:
+    """Has XLA write each kernel's PTX to `directory`: before JAX starts its backend, which reads its flags once."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={directory}"
+                               " --xla_gpu_dump_llvmir=true --xla_dump_emitter_re=.*").strip()
 
 
 def _write_json(path: str, payload: dict) -> None:
